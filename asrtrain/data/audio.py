@@ -1,0 +1,185 @@
+"""The one audio reader: a wav.scp value in, samples out (int16 scale, float32).
+
+A wav.scp value is either a file path (WAV, FLAC, ... via soundfile; NIST SPHERE, including the
+shorten-compressed SPHERE of Switchboard/Fisher/CallHome, via soundfile or ``desphere``) or a Kaldi
+pipe ``<command> |`` whose standard output is a WAV file.
+
+For the two-channel LDC SPHERE files the corpus preparers write one wav.scp line per conversation
+side, as Kaldi's ``sph2pipe -f wav -p -c 1 x.sph |`` does, with the tools installed here::
+
+    sw02001-A /venv/bin/sph2wav /ldc/sw02001.sph - | /usr/bin/sox -t wav - -t wav - remix 1 |
+
+(``sph2wav`` is desphere's command; ``sox ... remix N`` keeps channel N.) Kaldi binaries, kaldiio
+and :func:`read_recording` all read that form.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from asrtrain import AsrtrainError
+from asrtrain.data.datadir import DataDir
+
+#: How far a segment may run past the end of its recording before it is an error, in seconds
+#: (Kaldi's extract-segments --max-overshoot default).
+MAX_OVERSHOOT = 0.5
+
+_SPHERE_MAGIC = b"NIST_1A\n"
+
+
+def _tool_env() -> dict[str, str]:
+    """The environment for wav.scp pipes: the venv's bin (sph2wav) on PATH even if not activated."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _decode_wav_bytes(data: bytes, what: str) -> tuple[np.ndarray, int]:
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError) as e:
+        raise AsrtrainError(f"{what}: output is not audio soundfile can read ({e})") from None
+    return samples, rate
+
+
+def _read_sphere(path: Path) -> tuple[np.ndarray, int]:
+    import desphere
+
+    raw = path.read_bytes()
+    try:
+        header = desphere.SphereHeader.parse(raw)
+    except desphere.DesphereError as e:
+        raise AsrtrainError(f"{path}: bad NIST SPHERE header ({e})") from None
+    if "shorten" not in header.sample_coding.lower():
+        # PCM, mu-law and a-law SPHERE: libsndfile decodes these directly (and faster).
+        samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        return samples, rate
+    try:
+        wav = desphere.transcode_bytes(raw)
+    except desphere.DesphereError as e:
+        raise AsrtrainError(f"{path}: cannot decode shorten-compressed SPHERE ({e})") from None
+    return _decode_wav_bytes(wav, str(path))
+
+
+def read_recording(spec: str) -> tuple[np.ndarray, int]:
+    """Read a wav.scp value; return ``(samples [channels, samples] float32, int16 scale, rate)``.
+
+    ``spec`` is a file path or a pipe ``<command> |``. A failing command raises
+    :class:`AsrtrainError` naming the command and quoting its stderr.
+    """
+    spec = spec.strip()
+    if spec.endswith("|"):
+        command = spec[:-1].strip()
+        proc = subprocess.run(command, shell=True, capture_output=True, env=_tool_env())
+        if proc.returncode != 0:
+            stderr = proc.stderr.decode("utf-8", "replace").strip()
+            raise AsrtrainError(f"wav.scp command failed with exit status {proc.returncode}: "
+                                f"{command}\n{stderr}")
+        if not proc.stdout:
+            raise AsrtrainError(f"wav.scp command wrote no audio: {command}")
+        samples, rate = _decode_wav_bytes(proc.stdout, f"wav.scp command {command!r}")
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise AsrtrainError(f"{path}: audio file not found")
+        with open(path, "rb") as f:
+            magic = f.read(len(_SPHERE_MAGIC))
+        if magic == _SPHERE_MAGIC:
+            samples, rate = _read_sphere(path)
+        else:
+            try:
+                samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
+            except (soundfile.LibsndfileError, RuntimeError) as e:
+                raise AsrtrainError(f"{path}: not an audio file soundfile can read ({e})") from None
+    # soundfile scales int16 by 1/32768, so this gives back the exact integers for 16-bit audio.
+    return np.ascontiguousarray(samples.T * 32768.0, dtype=np.float32), int(rate)
+
+
+def sphere_side_command(sph: str | Path, channel: int) -> str:
+    """The wav.scp value reading channel ``channel`` (1 = side A, 2 = side B) of a SPHERE file."""
+    sph2wav = Path(sys.executable).parent / "sph2wav"
+    sph2wav_cmd = str(sph2wav) if sph2wav.exists() else shutil.which("sph2wav")
+    if sph2wav_cmd is None:
+        raise AsrtrainError("the sph2wav command (from the desphere package) is not installed; "
+                            "pip install desphere")
+    sox = shutil.which("sox")
+    if sox is None:
+        raise AsrtrainError("the sox command is not installed (needed to pick a SPHERE channel "
+                            "in wav.scp); apt-get install sox")
+    return (f"{shlex.quote(sph2wav_cmd)} {shlex.quote(str(sph))} - | "
+            f"{shlex.quote(sox)} -t wav - -t wav - remix {int(channel)} |")
+
+
+def _pick_channel(samples: np.ndarray, reco: str, datadir: DataDir) -> np.ndarray:
+    if samples.shape[0] == 1:
+        return samples[0]
+    side = datadir.reco2file_and_channel.get(reco, (None, None))[1]
+    index = {"A": 0, "B": 1, "1": 0, "2": 1}.get(side) if side is not None else None
+    if index is None or index >= samples.shape[0]:
+        raise AsrtrainError(
+            f"wav.scp: recording {reco} has {samples.shape[0]} channels; make its wav.scp entry "
+            f"produce one (e.g. '<file> ... | sox -t wav - -t wav - remix 1 |') or give its "
+            f"channel (A/B) in reco2file_and_channel")
+    return samples[index]
+
+
+def iter_utterances(datadir: DataDir, sample_rate: int,
+                    resample: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(utt_id, samples)`` (1-D float32, int16 scale) for every utterance of ``datadir``.
+
+    Each recording is read once and its segments are cut from it (Kaldi's extract-segments:
+    sample indices rounded, an end up to 0.5 s past the recording is clipped). A recording whose
+    rate is not ``sample_rate`` is an error, unless ``resample`` asks to convert it.
+    """
+    by_reco: dict[str, list[tuple[str, float, float | None]]] = {}
+    for utt in datadir.utts:
+        if datadir.segments:
+            seg = datadir.segments.get(utt)
+            if seg is None:
+                raise AsrtrainError(f"segments: utterance {utt} has no segment")
+            by_reco.setdefault(seg.recording, []).append((utt, seg.start, seg.end))
+        else:
+            by_reco.setdefault(utt, []).append((utt, 0.0, None))
+    for reco in sorted(by_reco):
+        if reco not in datadir.wav:
+            raise AsrtrainError(f"wav.scp: recording {reco} is missing")
+        samples, rate = read_recording(datadir.wav[reco])
+        channel = _pick_channel(samples, reco, datadir)
+        if rate != sample_rate:
+            if not resample:
+                raise AsrtrainError(f"wav.scp: recording {reco} has sample rate {rate} Hz, "
+                                    f"expected {sample_rate} Hz (resample it, or set the "
+                                    "corpus to resample)")
+            import torch
+            import torchaudio.functional
+
+            channel = torchaudio.functional.resample(
+                torch.from_numpy(channel), rate, sample_rate).numpy()
+            rate = sample_rate
+        n = channel.shape[0]
+        for utt, start, end in by_reco[reco]:
+            if end is None:
+                yield utt, channel
+                continue
+            first = int(round(start * rate))
+            last = int(round(end * rate))
+            if last > n:
+                if end - n / rate > MAX_OVERSHOOT:
+                    raise AsrtrainError(
+                        f"segments: utterance {utt} ends at {end:.2f} s, after the end of "
+                        f"recording {reco} ({n / rate:.2f} s)")
+                last = n
+            if first >= last:
+                raise AsrtrainError(f"segments: utterance {utt} ({start:.2f}-{end:.2f} s) is "
+                                    f"empty in recording {reco} ({n / rate:.2f} s)")
+            yield utt, channel[first:last]

@@ -1,0 +1,162 @@
+"""asrtrain.data.audio on real SPHERE files (LDC's sph2pipe test set) and real WAV/FLAC files."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import pytest
+import soundfile
+
+from asrtrain import AsrtrainError
+from asrtrain.data.audio import iter_utterances, read_recording, sphere_side_command
+from asrtrain.data.datadir import DataDir, Segment
+
+SPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sph"
+SPH_FILES = sorted(SPH_DIR.glob("*.sph"))
+
+
+def _ref(sph: Path) -> np.ndarray:
+    """The reference samples [channels, samples] as sph2pipe wrote them."""
+    ref, _ = soundfile.read(sph.with_name(sph.stem + ".ref.wav"), dtype="int16", always_2d=True)
+    return ref.T
+
+
+def test_fixtures_present():
+    # Seven LDC test files: PCM (both byte orders), mu-law, a-law, 1 and 2 channels, shorten.
+    assert len(SPH_FILES) == 7
+
+
+@pytest.mark.parametrize("sph", SPH_FILES, ids=lambda p: p.name)
+def test_sphere_path_matches_sph2pipe(sph):
+    samples, rate = read_recording(str(sph))
+    ref = _ref(sph)
+    assert rate == 20000
+    assert samples.dtype == np.float32 and samples.shape == ref.shape
+    np.testing.assert_array_equal(samples, ref.astype(np.float32))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sph", SPH_FILES, ids=lambda p: p.name)
+def test_sphere_side_pipe_matches_sph2pipe_and_kaldiio(sph, tmp_path):
+    ref = _ref(sph)
+    scp = tmp_path / "wav.scp"
+    lines = [f"side{c} {sphere_side_command(sph, c)}" for c in range(1, ref.shape[0] + 1)]
+    scp.write_text("\n".join(lines) + "\n")
+    # The venv's bin holds sph2wav, and the form is absolute, so kaldiio needs no PATH change.
+    assert Path(sys.executable).parent.as_posix() in lines[0] or shutil.which("sph2wav")
+    table = kaldiio.load_scp(str(scp))
+    for c in range(ref.shape[0]):
+        samples, rate = read_recording(lines[c].split(" ", 1)[1])
+        assert rate == 20000 and samples.shape == (1, ref.shape[1])
+        np.testing.assert_array_equal(samples[0], ref[c].astype(np.float32))
+        k_rate, k_samples = table[f"side{c + 1}"]
+        assert k_rate == 20000
+        np.testing.assert_array_equal(k_samples, ref[c])
+
+
+def test_failing_pipe_names_command_and_stderr():
+    with pytest.raises(AsrtrainError) as e:
+        read_recording("sh -c 'echo no such conversation >&2; exit 3' |")
+    assert "exit status 3" in str(e.value)
+    assert "echo no such conversation" in str(e.value)
+    assert "no such conversation" in str(e.value).splitlines()[-1]
+
+
+def test_missing_and_unreadable_files_named(tmp_path):
+    with pytest.raises(AsrtrainError, match="nothere.wav: audio file not found"):
+        read_recording(str(tmp_path / "nothere.wav"))
+    junk = tmp_path / "junk.wav"
+    junk.write_text("not audio\n")
+    with pytest.raises(AsrtrainError, match="junk.wav: not an audio file"):
+        read_recording(str(junk))
+    bad = tmp_path / "bad.sph"
+    bad.write_bytes(b"NIST_1A\n   1024\nsample_rate -i 8000\nend_head\n")
+    with pytest.raises(AsrtrainError, match="bad.sph"):
+        read_recording(str(bad))
+
+
+def _tone(n: int, rate: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(-20000, 20000, size=n).astype(np.int16)
+
+
+def test_flac_and_wav_and_sox_pipe(tmp_path):
+    x = _tone(8000, 8000)
+    soundfile.write(tmp_path / "a.flac", x, 8000, subtype="PCM_16")
+    soundfile.write(tmp_path / "a.wav", x, 8000, subtype="PCM_16")
+    for spec in (str(tmp_path / "a.flac"), str(tmp_path / "a.wav"),
+                 f"sox {tmp_path / 'a.flac'} -t wav - |"):
+        samples, rate = read_recording(spec)
+        assert rate == 8000
+        np.testing.assert_array_equal(samples[0], x.astype(np.float32))
+
+
+def _datadir(tmp_path: Path, rate: int, channels: int = 1) -> tuple[DataDir, np.ndarray]:
+    x = np.stack([_tone(3 * rate, rate, seed=c) for c in range(channels)], axis=1)
+    soundfile.write(tmp_path / "rec.wav", x, rate, subtype="PCM_16")
+    d = DataDir()
+    d.wav = {"rec": str(tmp_path / "rec.wav")}
+    d.segments = {"rec_a": Segment("rec", 0.10, 1.00), "rec_b": Segment("rec", 1.50, 3.20)}
+    d.utt2spk = {"rec_a": "rec", "rec_b": "rec"}
+    d.text = {"rec_a": "hello", "rec_b": "world"}
+    return d, x
+
+
+def test_iter_utterances_cuts_segments(tmp_path):
+    d, x = _datadir(tmp_path, 8000)
+    got = dict(iter_utterances(d, 8000))
+    assert sorted(got) == ["rec_a", "rec_b"]
+    np.testing.assert_array_equal(got["rec_a"], x[800:8000, 0].astype(np.float32))
+    # 3.20 s runs 0.2 s past the 3 s recording: clipped, as Kaldi's extract-segments does.
+    np.testing.assert_array_equal(got["rec_b"], x[12000:24000, 0].astype(np.float32))
+
+
+def test_iter_utterances_whole_recordings(tmp_path):
+    x = _tone(4000, 8000)
+    soundfile.write(tmp_path / "u1.wav", x, 8000, subtype="PCM_16")
+    d = DataDir(wav={"spk1-u1": str(tmp_path / "u1.wav")}, text={"spk1-u1": "hi"},
+                utt2spk={"spk1-u1": "spk1"})
+    [(utt, samples)] = list(iter_utterances(d, 8000))
+    assert utt == "spk1-u1"
+    np.testing.assert_array_equal(samples, x.astype(np.float32))
+
+
+def test_iter_utterances_rate_mismatch_and_resample(tmp_path):
+    d, _ = _datadir(tmp_path, 16000)
+    with pytest.raises(AsrtrainError, match="recording rec has sample rate 16000 Hz, expected"):
+        list(iter_utterances(d, 8000))
+    got = dict(iter_utterances(d, 8000, resample=True))
+    assert got["rec_a"].shape == (7200,) and got["rec_a"].dtype == np.float32
+    assert got["rec_b"].shape == (12000,)
+
+
+def test_iter_utterances_channel_choice(tmp_path):
+    d, x = _datadir(tmp_path, 8000, channels=2)
+    with pytest.raises(AsrtrainError, match="recording rec has 2 channels"):
+        list(iter_utterances(d, 8000))
+    d.reco2file_and_channel = {"rec": ("rec", "B")}
+    got = dict(iter_utterances(d, 8000))
+    np.testing.assert_array_equal(got["rec_a"], x[800:8000, 1].astype(np.float32))
+    # The usual form: the wav.scp entry itself picks the channel.
+    d.reco2file_and_channel = {}
+    d.wav = {"rec": f"sox {tmp_path / 'rec.wav'} -t wav - remix 1 |"}
+    got = dict(iter_utterances(d, 8000))
+    np.testing.assert_array_equal(got["rec_a"], x[800:8000, 0].astype(np.float32))
+
+
+def test_iter_utterances_segment_past_end(tmp_path):
+    d, _ = _datadir(tmp_path, 8000)
+    d.segments["rec_b"] = Segment("rec", 1.5, 4.0)
+    with pytest.raises(AsrtrainError, match="utterance rec_b ends at 4.00 s"):
+        list(iter_utterances(d, 8000))
+
+
+def test_sox_is_installed():
+    # The SPHERE side form depends on sox; make its absence a loud failure, not a skip.
+    assert shutil.which("sox")
+    assert subprocess.run(["sox", "--version"], capture_output=True).returncode == 0
