@@ -1,0 +1,81 @@
+"""The ``asrtrain`` command: run a recipe, be a learner under torchrun, score, inspect topologies."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from asrtrain import AsrtrainError, __version__
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+class _Group(click.Group):
+    """Turns AsrtrainError into a one-line message and exit status 1, without a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AsrtrainError as e:
+            click.echo(f"asrtrain: error: {e}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__)
+def main() -> None:
+    """asrtrain: Kaldi-style speech recognition recipes with synchronous (SSGD) and
+    decentralized (AD-PSGD, H-AD-PSGD) distributed training."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("recipe", type=click.Path(exists=True, file_okay=False))
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--stage", "start", default=None, help="First stage to run (default: the first).")
+@click.option("--to", "stop", default=None, help="Last stage to run (default: the last).")
+@click.option("--force", is_flag=True, help="Rerun the stages even if their .done marker matches.")
+@click.option("--show-config", is_flag=True, help="Print the composed config and exit.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | None,
+        force: bool, show_config: bool, verbose: bool) -> None:
+    """Run the stages of RECIPE (a directory with recipe.yaml), e.g. `asrtrain run recipes/tiny`.
+
+    OVERRIDES are Hydra overrides, e.g. `trainer.backend=adpsgd trainer.learners=4 model=blstm_ibm`.
+    Stages whose .done marker matches their config are skipped; a changed config reruns a stage
+    and every stage after it.
+    """
+    from omegaconf import OmegaConf
+
+    from asrtrain.recipe import compose_recipe, run_recipe
+    from asrtrain.stages import STAGES
+
+    _setup_logging(verbose)
+    cfg = compose_recipe(recipe, overrides)
+    if show_config:
+        click.echo(OmegaConf.to_yaml(cfg, resolve=True))
+        return
+    run_recipe(cfg, STAGES, start, stop, force)
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def train(config: str, verbose: bool) -> None:
+    """Be one learner of a training run (the train stage starts these under torchrun).
+
+    CONFIG is the resolved config.yaml the train stage writes in its output directory.
+    """
+    from asrtrain.train.worker import run_learner
+
+    _setup_logging(verbose)
+    run_learner(config)
+
+
+if __name__ == "__main__":
+    main()

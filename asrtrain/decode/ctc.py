@@ -1,0 +1,128 @@
+"""Greedy CTC decoding: best unit per frame, repeats merged, blanks removed, words timed.
+
+Word times come from the frames on which the word's units were emitted (CTC spikes), widened to
+the frame rate of the model's output; they are good enough for time-mediated scoring of the
+segment a word belongs to, not for forced alignment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asrtrain.lang.bpe import Units
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    word: str
+    start: float      # seconds from the start of the utterance
+    duration: float
+
+
+def greedy_units(logits: torch.Tensor, lengths: torch.Tensor,
+                 blank: int = 0) -> list[list[tuple[int, int]]]:
+    """(unit id, output frame) of every emitted unit, per utterance of the batch."""
+    best = logits.argmax(-1).cpu()
+    out = []
+    for b in range(best.shape[0]):
+        seq, prev = [], blank
+        for t, u in enumerate(best[b, : int(lengths[b])].tolist()):
+            if u != blank and u != prev:
+                seq.append((u, t))
+            prev = u
+        out.append(seq)
+    return out
+
+
+def units_to_words(seq: list[tuple[int, int]], units: Units,
+                   frame_seconds: float) -> list[TimedWord]:
+    """Group emitted units into words (a unit starting with '▁' opens a word) and time them."""
+    words: list[tuple[list[int], int, int]] = []
+    for u, t in seq:
+        if units.starts_word(u) or not words:
+            words.append(([u], t, t))
+        else:
+            ids, t0, _ = words[-1]
+            ids.append(u)
+            words[-1] = (ids, t0, t)
+    out = []
+    for ids, t0, t1 in words:
+        text = units.decode(ids).strip()
+        for w in text.split():
+            out.append(TimedWord(w, t0 * frame_seconds, (t1 - t0 + 1) * frame_seconds))
+    return out
+
+
+def write_ctm(path, words_by_utt: dict[str, list[TimedWord]], data) -> int:
+    """Write a CTM in recording time: ``<file> <channel> <start> <dur> <word>`` per word.
+
+    Utterance times are shifted by the segment start and the recording is mapped to sclite's
+    file and channel through reco2file_and_channel (as Kaldi's convert_ctm.pl does).
+    """
+    from asrtrain.fileio import atomic_open
+
+    lines = []
+    for utt, words in words_by_utt.items():
+        if data.segments:
+            seg = data.segments[utt]
+            reco, offset = seg.recording, seg.start
+        else:
+            reco, offset = utt, 0.0
+        file, channel = data.reco2file_and_channel.get(reco, (reco, "1"))
+        for w in words:
+            lines.append((file, channel, round(offset + w.start, 2), round(w.duration, 2), w.word))
+    lines.sort()
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for file, channel, start, dur, word in lines:
+            f.write(f"{file} {channel} {start:.2f} {dur:.2f} {word}\n")
+    return len(lines)
+
+
+@torch.no_grad()
+def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int = 20000,
+                    threads: int = 0) -> dict[str, float]:
+    """Greedy-decode every utterance of ``data_dir``; write ``text`` hyps and ``ctm``."""
+    import logging
+    import time
+    from pathlib import Path
+
+    from asrtrain.data.datadir import DataDir, write_table
+    from asrtrain.models import build_model
+    from asrtrain.train import checkpoint
+    from asrtrain.train.data import UtteranceSet, iterate
+
+    log = logging.getLogger(__name__)
+    if threads:
+        torch.set_num_threads(threads)
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    ckpt = checkpoint.load(model_path)
+    units = Units(units_path)
+    feats = ckpt["features"]
+    mcfg = ckpt["model_config"]
+    dataset = UtteranceSet(data_dir, lambda text: [], delta_order=int(feats["delta_order"]),
+                           norm_vars=bool(feats["norm_vars"]), max_frames=10**9)
+    model = build_model(mcfg, ckpt["input_dim"], ckpt["output_dim"])
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    frame_seconds = float(feats.get("frame_shift", 10.0)) / 1000 * model.stack_frames
+    hyps: dict[str, list[TimedWord]] = {}
+    t0 = time.time()
+    frames = 0
+    for batch in iterate(dataset, dataset.batches(batch_frames, None)):
+        logits, lengths = model(batch.feats, batch.lengths)
+        frames += batch.frames
+        for utt, seq in zip(batch.utts, greedy_units(logits, lengths, units.blank), strict=True):
+            hyps[utt] = units_to_words(seq, units, frame_seconds)
+    elapsed = time.time() - t0
+    data = DataDir.read(data_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_table(out_dir / "text", {u: " ".join(w.word for w in ws) for u, ws in hyps.items()})
+    n = write_ctm(out_dir / "ctm", hyps, data)
+    audio_seconds = frames * float(feats.get("frame_shift", 10.0)) / 1000
+    rtf = elapsed / max(audio_seconds, 1e-9)
+    log.info("%s: decoded %d utterances (%.1f min of audio) in %.1f s, real-time factor %.3f; "
+             "%d words in %s", data_dir, len(hyps), audio_seconds / 60, elapsed, rtf, n,
+             out_dir / "ctm")
+    return {"utterances": len(hyps), "seconds": elapsed, "rtf": rtf, "words": n}

@@ -1,0 +1,174 @@
+"""Feature extraction for a data dir: Kaldi fbank/MFCC via torchaudio.compliance.kaldi.
+
+Writes ``feats.scp``, ``utt2num_frames`` and per-speaker ``cmvn.scp`` (Kaldi's
+``compute-cmvn-stats --spk2utt``) into the data dir; the matrices go to arks under ``feats_dir``.
+Utterances are split over ``nj`` processes by recording, so each recording is read once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from asrtrain import AsrtrainError
+from asrtrain.data.datadir import DataDir, write_table
+from asrtrain.features.transform import cmvn_stats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FeatureOptions:
+    """Kaldi feature options (names as Kaldi's command-line flags, 8 kHz telephone defaults)."""
+
+    kind: str = "fbank"          # fbank | mfcc
+    sample_rate: int = 8000
+    num_mel_bins: int = 40       # fbank: 40 as the IBM system; mfcc: Kaldi's 23
+    num_ceps: int = 13
+    frame_length: float = 25.0   # ms
+    frame_shift: float = 10.0    # ms
+    dither: float = 1.0          # Kaldi's default; seeded per utterance so runs repeat exactly
+    low_freq: float = 20.0
+    high_freq: float = 0.0
+    use_energy: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> FeatureOptions:
+        names = set(cls.__dataclass_fields__)
+        opts = cls(**{k: v for k, v in dict(cfg).items() if k in names})
+        if opts.kind not in ("fbank", "mfcc"):
+            raise AsrtrainError(f"features.kind={opts.kind!r}: expected fbank or mfcc")
+        return opts
+
+
+def extract(samples: np.ndarray, opts: FeatureOptions, seed: int = 0) -> np.ndarray:
+    """Features of one utterance (1-D samples in int16 scale) as a float32 [frames, dim] array."""
+    from torchaudio.compliance import kaldi
+
+    wav = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).unsqueeze(0)
+    torch.manual_seed(seed)
+    common = dict(sample_frequency=opts.sample_rate, frame_length=opts.frame_length,
+                  frame_shift=opts.frame_shift, dither=opts.dither, low_freq=opts.low_freq,
+                  high_freq=opts.high_freq, energy_floor=0.0)
+    if opts.kind == "fbank":
+        m = kaldi.fbank(wav, num_mel_bins=opts.num_mel_bins, use_energy=opts.use_energy, **common)
+    else:
+        m = kaldi.mfcc(wav, num_mel_bins=opts.num_mel_bins, num_ceps=opts.num_ceps,
+                       use_energy=opts.use_energy, **common)
+    return m.numpy()
+
+
+def _utt_seed(utt: str) -> int:
+    return int.from_bytes(hashlib.sha1(utt.encode()).digest()[:4], "little")
+
+
+def _extract_job(args: tuple) -> tuple[int, int, float]:
+    """One parallel job: extract the features of a subset of the data dir into one ark."""
+    from asrtrain.data.audio import iter_utterances
+
+    data, opts, ark, job, show_progress = args
+    torch.set_num_threads(1)
+    frames = 0
+    t0 = time.time()
+    tmp_ark, tmp_scp = f"{ark}.tmp", f"{ark[:-4]}.scp.tmp"
+    bar = tqdm(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
+               disable=not show_progress, leave=False)
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
+        for utt, samples in iter_utterances(data, opts.sample_rate):
+            m = extract(samples, opts, _utt_seed(utt))
+            if m.shape[0] == 0:
+                raise AsrtrainError(f"utterance {utt}: too short for one frame "
+                                    f"({len(samples)} samples)")
+            writer(utt, m)
+            frames += m.shape[0]
+            bar.update()
+    bar.close()
+    os.replace(tmp_ark, ark)
+    # The scp names the ark by its temporary name: rewrite it to the final one.
+    with open(tmp_scp, encoding="utf-8") as f:
+        text = f.read().replace(tmp_ark, ark)
+    with open(f"{ark[:-4]}.scp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.unlink(tmp_scp)
+    return job, frames, time.time() - t0
+
+
+def compute_features(data_dir: str | Path, feats_dir: str | Path, opts: FeatureOptions,
+                     nj: int = 2) -> dict[str, float]:
+    """Extract features for every utterance of ``data_dir``; return throughput figures."""
+    data_dir, feats_dir = Path(data_dir), Path(feats_dir).resolve()
+    data = DataDir.read(data_dir)
+    feats_dir.mkdir(parents=True, exist_ok=True)
+    name = data_dir.name
+    # Split by recording so that each job reads each of its recordings once.
+    recos = sorted({data.segments[u].recording for u in data.utts} if data.segments else data.utts)
+    nj = max(1, min(nj, len(recos)))
+    jobs = []
+    for j in range(nj):
+        mine = set(recos[j::nj])
+        utts = [u for u in data.utts
+                if (data.segments[u].recording if data.segments else u) in mine]
+        ark = str(feats_dir / f"raw_{opts.kind}_{name}.{j + 1}.ark")
+        jobs.append((data.subset(utts), opts, ark, j + 1, j == 0))
+    t0 = time.time()
+    if nj == 1:
+        results = [_extract_job(jobs[0])]
+    else:
+        with mp.get_context("spawn").Pool(nj) as pool:
+            results = pool.map(_extract_job, jobs)
+    frames = sum(r[1] for r in results)
+    elapsed = time.time() - t0
+    feats: dict[str, str] = {}
+    for _, _, ark, _, _ in jobs:
+        feats.update(_read_scp(ark[:-4] + ".scp"))
+    missing = set(data.utts) - set(feats)
+    if missing:
+        raise AsrtrainError(f"{data_dir}: no features for {len(missing)} utterances, "
+                            f"e.g. {sorted(missing)[0]}")
+    utt2num_frames = {}
+    cmvn: dict[str, str] = {}
+    cmvn_ark = feats_dir / f"cmvn_{opts.kind}_{name}.ark"
+    dim = 0
+    # One speaker's matrices at a time: SWB-2000 does not fit in memory.
+    with kaldiio.WriteHelper(f"ark,scp:{cmvn_ark}.tmp,{cmvn_ark.with_suffix('.scp')}.tmp") as w:
+        for spk, utts in data.spk2utt.items():
+            mats = [kaldiio.load_mat(feats[u]) for u in utts]
+            for u, m in zip(utts, mats, strict=True):
+                utt2num_frames[u] = int(m.shape[0])
+                dim = int(m.shape[1])
+            w(spk, cmvn_stats(mats))
+    os.replace(f"{cmvn_ark}.tmp", cmvn_ark)
+    cmvn = {k: v.replace(f"{cmvn_ark}.tmp", str(cmvn_ark))
+            for k, v in _read_scp(f"{cmvn_ark.with_suffix('.scp')}.tmp").items()}
+    os.unlink(f"{cmvn_ark.with_suffix('.scp')}.tmp")
+    write_table(data_dir / "feats.scp", feats)
+    write_table(data_dir / "utt2num_frames", {u: str(n) for u, n in utt2num_frames.items()})
+    write_table(data_dir / "cmvn.scp", cmvn)
+    figures = {"utterances": len(feats), "frames": frames, "seconds": elapsed,
+               "frames_per_second": frames / max(elapsed, 1e-9),
+               "dim": dim}
+    log.info("%s: %d utterances, %d frames of %d-dim %s in %.1f s (%.0f frames/s, %d jobs)",
+             data_dir, len(feats), frames, figures["dim"], opts.kind, elapsed,
+             figures["frames_per_second"], nj)
+    return figures
+
+
+def _read_scp(path: str | Path) -> dict[str, str]:
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            key, _, value = line.strip().partition(" ")
+            if key:
+                out[key] = value
+    return out

@@ -1,0 +1,1 @@
+"""Training: datasets, the one trainer loop for every backend, LR schedule, checkpoints."""
