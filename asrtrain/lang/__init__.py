@@ -1,0 +1,1 @@
+"""Language resources: lexicon, phones, L.fst, sentencepiece units, n-gram LMs."""
