@@ -1,4 +1,4 @@
-"""The ``asrtrain`` command: run a recipe, be a learner under torchrun, score, inspect topologies."""
+"""The `asrtrain` command: run a recipe, be a learner under torchrun, score, show topologies."""
 
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ class Units:
         return self.sp.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return self.sp.decode([i for i in ids if i != self.blank])
+        # <unk> is dropped rather than spelled as sentencepiece's " ⁇ " inside a word.
+        return self.sp.decode([i for i in ids if i not in (self.blank, self.sp.unk_id())])
 
     def piece(self, i: int) -> str:
         return self.sp.id_to_piece(i)

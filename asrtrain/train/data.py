@@ -93,7 +93,8 @@ class UtteranceSet:
         except Exception as e:
             raise AsrtrainError(f"{self.data_dir}/feats.scp: utterance {utt}: cannot read "
                                 f"{self.feats[utt]}: {e}") from e
-        return self.transform(utt, m)
+        m = self.transform(utt, m)
+        return m if m.flags.writeable else m.copy()
 
     def batches(self, batch_frames: int, seed: int | None) -> list[list[int]]:
         """Index lists of batches holding at most ``batch_frames`` padded frames.

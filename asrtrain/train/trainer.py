@@ -48,9 +48,10 @@ def build_optimizer(cfg: Mapping, params) -> torch.optim.Optimizer:
 
 def ctc_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor,
                                                             torch.Tensor]:
-    logits, out_lengths = model(batch.feats, batch.lengths)
+    device = next(model.parameters()).device
+    logits, out_lengths = model(batch.feats.to(device), batch.lengths)
     logp = F.log_softmax(logits, dim=-1).transpose(0, 1)
-    loss = F.ctc_loss(logp, batch.targets, out_lengths, batch.target_lengths, blank=0,
+    loss = F.ctc_loss(logp, batch.targets.to(device), out_lengths, batch.target_lengths, blank=0,
                       reduction="sum", zero_infinity=True)
     return loss / len(batch.utts), logits, out_lengths
 
@@ -111,12 +112,13 @@ def train(cfg: DictConfig, backend) -> Path:
                            subsample=int(cfg.model.get("stack_frames", 1)),
                            max_frames=int(tcfg.max_utt_frames))
     torch.manual_seed(int(tcfg.seed))  # the same initial model on every learner
-    model = build_model(cfg.model, train_set.dim, len(units))
+    model = build_model(cfg.model, train_set.dim, len(units)).to(backend.device)
     optimizer = build_optimizer(tcfg, model.parameters())
     start_epoch = checkpoint.latest_epoch(out_dir)
     if start_epoch:
         ckpt = checkpoint.load(checkpoint.model_path(out_dir, start_epoch))
         model.load_state_dict(ckpt["model"])
+        optimizer = build_optimizer(tcfg, model.parameters())
         opt_path = checkpoint.optimizer_path(out_dir, start_epoch, backend.rank)
         if opt_path.is_file():
             optimizer.load_state_dict(checkpoint.load(opt_path))
@@ -127,8 +129,10 @@ def train(cfg: DictConfig, backend) -> Path:
     else:
         resumed_samples = 0
     backend.setup(model, optimizer)
-    if hasattr(backend, "set_global_samples"):
-        backend.set_global_samples(resumed_samples)
+
+    def global_samples() -> int:  # samples of all learners, counting those before a resume
+        return resumed_samples + backend.global_samples()
+
     epochs = int(tcfg.epochs)
     batch_frames = int(tcfg.batch_frames)
     per_epoch = len(shard(train_set.batches(batch_frames, 0), 0, backend.data_world))
@@ -153,16 +157,17 @@ def train(cfg: DictConfig, backend) -> Path:
         frames = 0
         loss_sum = 0.0
         for batch in iterate(train_set, batches):
-            lr = schedule(backend.global_samples())
+            lr = schedule(global_samples())
             for group in optimizer.param_groups:
                 group["lr"] = lr
             if tcfg.get("spec_augment"):
                 batch.feats = spec_augment(batch.feats, batch.lengths, tcfg.spec_augment, gen)
             optimizer.zero_grad(set_to_none=False)
             loss, _, _ = ctc_loss(model, batch)
-            if not math.isfinite(float(loss)):
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
                 raise AsrtrainError(
-                    f"rank {backend.rank}: non-finite loss {float(loss)} at epoch {epoch} step "
+                    f"rank {backend.rank}: non-finite loss {loss_value} at epoch {epoch} step "
                     f"{step} (utterances {', '.join(batch.utts[:3])}...): lower trainer.lr or "
                     f"check the features of these utterances")
             loss.backward()
@@ -173,15 +178,15 @@ def train(cfg: DictConfig, backend) -> Path:
             backend.after_step(step, len(batch.utts))
             step += 1
             frames += batch.frames
-            loss_sum += float(loss)
+            loss_sum += loss_value
             bar.update()
             if step % log_every == 0:
                 rate = frames / max(time.time() - t0, 1e-9)
-                bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.2e}", fps=f"{rate:.0f}")
+                bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", fps=f"{rate:.0f}")
                 dist = backend.consensus_distance()
                 if backend.is_main:
                     log.info("epoch %d step %d: loss %.4f lr %.3e %.0f frames/s per learner, "
-                             "consensus distance %.2e", epoch, step, float(loss), lr, rate, dist)
+                             "consensus distance %.2e", epoch, step, loss_value, lr, rate, dist)
         bar.close()
         elapsed = time.time() - t0
         state = backend.consensus()
@@ -199,8 +204,8 @@ def train(cfg: DictConfig, backend) -> Path:
         summary = {"epoch": epoch, "train_loss": means["train_loss"] / max(means["train_steps"], 1),
                    "dev_loss": dev_loss, "dev_unit_error_rate": dev_uer,
                    "frames_per_second_per_learner": means["frames_per_second"],
-                   "epoch_seconds": elapsed, "global_samples": backend.global_samples()}
-        ckpt = {"model": state, "epoch": epoch, "global_samples": backend.global_samples(),
+                   "epoch_seconds": elapsed, "global_samples": global_samples()}
+        ckpt = {"model": state, "epoch": epoch, "global_samples": global_samples(),
                 "model_config": OmegaConf.to_container(cfg.model, resolve=True),
                 "input_dim": train_set.dim, "output_dim": len(units),
                 "features": OmegaConf.to_container(cfg.features, resolve=True),

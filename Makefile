@@ -1,0 +1,46 @@
+# asrtrain: `make smoke` installs and runs the tiny recipe; `make test` installs and runs the tests.
+# One target per stage runs exactly that stage:  make features RECIPE=recipes/tiny ARGS="nj=4"
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+RECIPE ?= recipes/tiny
+ARGS ?=
+ASRTRAIN := $(VENV)/bin/asrtrain
+STAGES := prepare lang lm align features train decode score
+
+.PHONY: install system-deps smoke test lint bench clean $(STAGES)
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Debian packages: sox (picks a channel of 2-channel SPHERE in wav.scp pipes, as Kaldi's
+# sph2pipe does) and SCTK (sclite, hubscr.pl: score.backend=sclite and the parity tests).
+system-deps:
+	@if ! command -v sox >/dev/null || ! [ -x /usr/lib/sctk/bin/hubscr.pl ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && apt-get install -y -qq sox sctk) >/dev/null; \
+	  else echo "please install sox and sctk: sudo apt-get install sox sctk"; exit 1; fi; \
+	fi
+
+smoke: install system-deps
+	$(ASRTRAIN) run $(RECIPE) $(ARGS)
+
+test: install system-deps
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check asrtrain tests bench
+
+bench: install
+	$(VENV)/bin/python -m bench.run
+
+$(STAGES): install system-deps
+	$(ASRTRAIN) run $(RECIPE) --stage $@ --to $@ $(ARGS)
+
+clean:
+	rm -rf exp
