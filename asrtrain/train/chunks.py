@@ -1,0 +1,216 @@
+"""Frame-level training data for hybrid models: fixed-length chunks with pdf-id targets.
+
+IBM trained its BLSTM with frame cross-entropy on 21-frame chunks; one chunk is one "sample" of
+the global batch. Each utterance is cut into consecutive chunks (the last one ends on the last
+frame, overlapping its predecessor; an utterance shorter than a chunk is one padded chunk).
+Targets come from the alignment stage: one pdf id per frame, an int32 vector per utterance.
+
+Shuffling without holding a corpus in memory: each learner takes its share of the utterances
+(shuffled with the epoch's seed), reads them in blocks of ``block_utts`` utterances, and shuffles
+the chunks within a block and the blocks' remainders together (Kaldi's egs are shuffled in the
+same spirit). Every learner runs the same number of steps: the minimum over the shards, which all
+learners compute from ``utt2num_frames`` without reading any feature.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.data.datadir import DataDir, read_table
+from asrtrain.train.data import load_transform
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+
+
+@dataclass
+class ChunkBatch:
+    feats: torch.Tensor      # [chunks, chunk, dim]
+    lengths: torch.Tensor    # [chunks]
+    targets: torch.Tensor    # [chunks, chunk], IGNORE on padding
+
+    @property
+    def samples(self) -> int:
+        return int(self.feats.shape[0])
+
+    @property
+    def frames(self) -> int:
+        return int(self.lengths.sum())
+
+
+def chunk_starts(num_frames: int, chunk: int) -> list[int]:
+    """Start frames of an utterance's chunks: consecutive, the last one ending on the last frame."""
+    if num_frames <= chunk:
+        return [0]
+    starts = list(range(0, num_frames - chunk + 1, chunk))
+    if starts[-1] + chunk < num_frames:
+        starts.append(num_frames - chunk)
+    return starts
+
+
+def read_alignments(ali_dir: str | Path) -> tuple[dict[str, str], int]:
+    """The ``pdf_ali.scp`` (utterance → int32 pdf-id vector) and ``num_pdfs`` of an align dir."""
+    ali_dir = Path(ali_dir)
+    scp, num = ali_dir / "pdf_ali.scp", ali_dir / "num_pdfs"
+    for p in (scp, num):
+        if not p.is_file():
+            raise AsrtrainError(f"{p}: missing; the alignment stage writes pdf_ali.scp and "
+                                "num_pdfs (or import Kaldi alignments with align.source=kaldi)")
+    try:
+        num_pdfs = int(num.read_text().split()[0])
+    except (ValueError, IndexError):
+        raise AsrtrainError(f"{num}: expected the number of pdfs") from None
+    return read_table(scp), num_pdfs
+
+
+class ChunkSet:
+    """The chunks of one data dir (feats.scp, cmvn.scp) with targets from an alignment dir."""
+
+    def __init__(self, data_dir: str | Path, ali_dir: str | Path, chunk: int = 21,
+                 delta_order: int = 0, norm_vars: bool = False,
+                 max_missing: float = 0.05) -> None:
+        self.data_dir = Path(data_dir)
+        data = DataDir.read(self.data_dir)
+        if not data.feats or not data.utt2num_frames:
+            raise AsrtrainError(f"{self.data_dir}: no feats.scp/utt2num_frames "
+                                "(run the features stage)")
+        self.ali, self.num_pdfs = read_alignments(ali_dir)
+        self.ali_dir = Path(ali_dir)
+        self.feats = data.feats
+        self.chunk = chunk
+        self.transform = load_transform(data, self.data_dir, delta_order, norm_vars)
+        self.utts = [u for u in data.utts if u in self.ali]
+        missing = len(data.utts) - len(self.utts)
+        if missing > max_missing * len(data.utts) or not self.utts:
+            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: {missing} of {len(data.utts)} "
+                                f"utterances of {self.data_dir} have no alignment (more than "
+                                f"{max_missing:.0%}); align this data dir")
+        if missing:
+            log.warning("%s: %d utterances without alignment are left out", self.data_dir,
+                        missing)
+        self.num_frames = {u: data.utt2num_frames[u] for u in self.utts}
+        self.dim = self.transform.output_dim(kaldiio.load_mat(self.feats[self.utts[0]]).shape[1])
+
+    def __len__(self) -> int:
+        return sum(len(chunk_starts(n, self.chunk)) for n in self.num_frames.values())
+
+    def load(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            feats = self.transform(utt, kaldiio.load_mat(self.feats[utt]))
+        except Exception as e:
+            raise AsrtrainError(f"{self.data_dir}/feats.scp: utterance {utt}: {e}") from e
+        try:
+            ali = np.asarray(kaldiio.load_mat(self.ali[utt]), dtype=np.int64)
+        except Exception as e:
+            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: utterance {utt}: {e}") from e
+        if ali.shape != (feats.shape[0],):
+            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: utterance {utt} has {ali.shape[0]} "
+                                f"frames of alignment for {feats.shape[0]} frames of features")
+        if ali.size and (ali.min() < 0 or ali.max() >= self.num_pdfs):
+            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: utterance {utt} has pdf ids outside "
+                                f"[0, {self.num_pdfs})")
+        return feats, ali
+
+    def cut(self, utt: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        feats, ali = self.load(utt)
+        return [(feats[s: s + self.chunk], ali[s: s + self.chunk])
+                for s in chunk_starts(feats.shape[0], self.chunk)]
+
+    # ------------------------------------------------------------------ epochs and shards
+    def shard(self, seed: int | None, rank: int, world: int) -> list[str]:
+        utts = list(self.utts)
+        if seed is not None:
+            random.Random(seed).shuffle(utts)
+        return utts[rank::world]
+
+    def steps(self, seed: int | None, world: int, batch_size: int) -> int:
+        """Steps every learner runs this epoch: the smallest shard's full batches."""
+        counts = [sum(len(chunk_starts(self.num_frames[u], self.chunk))
+                      for u in self.shard(seed, r, world)) for r in range(world)]
+        steps = min(counts) // batch_size
+        if steps == 0:
+            raise AsrtrainError(f"{self.data_dir}: a learner's share has {min(counts)} chunks, "
+                                f"less than one batch of {batch_size}: lower the batch size")
+        return steps
+
+    def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
+                block_utts: int = 256, steps: int | None = None) -> Iterator[ChunkBatch]:
+        """This learner's batches for one epoch (``seed`` None: in order, every chunk)."""
+        rng = random.Random(None if seed is None else seed * 7919 + rank)
+        utts = self.shard(seed, rank, world)
+        pending: list[tuple[np.ndarray, np.ndarray]] = []
+        made = 0
+        for i in range(0, len(utts), block_utts):
+            for u in utts[i: i + block_utts]:
+                pending.extend(self.cut(u))
+            if seed is not None:
+                rng.shuffle(pending)
+            while len(pending) >= batch_size:
+                yield self.collate(pending[:batch_size])
+                pending = pending[batch_size:]
+                made += 1
+                if steps is not None and made >= steps:
+                    return
+        if pending and steps is None:
+            yield self.collate(pending)
+
+    def collate(self, chunks: list[tuple[np.ndarray, np.ndarray]]) -> ChunkBatch:
+        b, d = len(chunks), chunks[0][0].shape[1]
+        feats = torch.zeros(b, self.chunk, d)
+        targets = torch.full((b, self.chunk), IGNORE, dtype=torch.long)
+        lengths = torch.empty(b, dtype=torch.long)
+        for i, (f, a) in enumerate(chunks):
+            n = f.shape[0]
+            feats[i, :n] = torch.as_tensor(np.array(f, dtype=np.float32))
+            targets[i, :n] = torch.from_numpy(a)
+            lengths[i] = n
+        return ChunkBatch(feats, lengths, targets)
+
+    def pdf_counts(self) -> np.ndarray:
+        """How often each pdf id occurs in the alignments (for the priors of decoding)."""
+        counts = np.zeros(self.num_pdfs, dtype=np.int64)
+        for u in self.utts:
+            counts += np.bincount(np.asarray(kaldiio.load_mat(self.ali[u]), dtype=np.int64),
+                                  minlength=self.num_pdfs)
+        return counts
+
+
+def log_priors(counts: np.ndarray) -> np.ndarray:
+    """Log prior of each pdf from alignment counts, add-one smoothed (no -inf for unseen pdfs)."""
+    p = (counts + 1.0) / (counts.sum() + len(counts))
+    return np.log(p).astype(np.float32)
+
+
+def prefetch(it: Iterator, depth: int = 4) -> Iterator:
+    """Run ``it`` in a background thread so reading arks overlaps with training."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in it:
+                q.put(item)
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, who raises it
+            q.put(e)
+
+    threading.Thread(target=work, daemon=True, name="chunk-prefetch").start()
+    while True:
+        item = q.get()
+        if item is done:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item

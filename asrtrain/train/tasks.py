@@ -1,0 +1,174 @@
+"""What is being learned: CTC over sentencepiece units, or frame cross-entropy over pdf ids.
+
+A task owns its data, its loss and its dev-set metrics; the trainer loop is the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import kaldialign
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from asrtrain import AsrtrainError
+from asrtrain.decode.ctc import greedy_units
+from asrtrain.lang.bpe import Units
+from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
+from asrtrain.train.data import UtteranceSet, iterate, shard
+
+
+class CTCTask:
+    """CTC over sentencepiece units on whole utterances; a sample is an utterance."""
+
+    name = "ctc"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        exp = Path(cfg.exp_dir)
+        self.units = Units(exp / "lang" / "units.model")
+        feats, t = cfg.features, cfg.trainer
+        args = dict(delta_order=int(feats.delta_order), norm_vars=bool(feats.norm_vars),
+                    subsample=int(cfg.model.get("stack_frames", 1)),
+                    max_frames=int(t.max_utt_frames))
+        self.train_set = UtteranceSet(exp / "data" / cfg.sets.train, self.units.encode, **args)
+        self.dev_set = UtteranceSet(exp / "data" / cfg.sets.dev, self.units.encode, **args)
+        self.batch_frames = int(t.batch_frames)
+        self.seed = int(t.seed)
+        self.input_dim, self.output_dim = self.train_set.dim, len(self.units)
+        self.samples_per_epoch = len(self.train_set)
+
+    def describe(self) -> str:
+        return (f"CTC over {self.output_dim} units; {len(self.train_set)} training utterances "
+                f"({self.train_set.total_frames / 360000:.2f} h), {len(self.dev_set)} dev")
+
+    def steps_per_epoch(self, world: int) -> int:
+        return len(shard(self.train_set.batches(self.batch_frames, self.seed), 0, world))
+
+    def epoch(self, epoch: int, rank: int, world: int) -> Iterator:
+        batches = shard(self.train_set.batches(self.batch_frames, self.seed + epoch), rank, world)
+        return iterate(self.train_set, batches)
+
+    @staticmethod
+    def samples(batch) -> int:
+        return len(batch.utts)
+
+    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        return self._forward(model, batch)[0]
+
+    def _forward(self, model, batch):
+        device = next(model.parameters()).device
+        logits, out_lengths = model(batch.feats.to(device), batch.lengths)
+        logp = F.log_softmax(logits, dim=-1).transpose(0, 1)
+        loss = F.ctc_loss(logp, batch.targets.to(device), out_lengths, batch.target_lengths,
+                          blank=0, reduction="sum", zero_infinity=True)
+        return loss / len(batch.utts), logits, out_lengths
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, rank: int, world: int) -> dict[str, float]:
+        """Sums of dev CTC loss and unit edit errors over this learner's share of the dev set."""
+        batches = self.dev_set.batches(self.batch_frames, None)[rank::world]
+        loss = errors = units = utts = 0.0
+        for batch in iterate(self.dev_set, batches):
+            batch_loss, logits, out_lengths = self._forward(model, batch)
+            loss += float(batch_loss) * len(batch.utts)
+            offset = 0
+            for hyp, n in zip(greedy_units(logits, out_lengths),
+                              batch.target_lengths.tolist(), strict=True):
+                ref = batch.targets[offset: offset + n].tolist()
+                offset += n
+                errors += kaldialign.edit_distance(ref, [u for u, _ in hyp])["total"]
+                units += n
+            utts += len(batch.utts)
+        return {"loss": loss, "errors": errors, "units": units, "count": utts}
+
+    @staticmethod
+    def summarize(sums: dict[str, float]) -> dict[str, float]:
+        return {"dev_loss": sums["loss"] / max(sums["count"], 1),
+                "dev_unit_error_rate": 100 * sums["errors"] / max(sums["units"], 1)}
+
+    def checkpoint_extra(self) -> dict:
+        return {}
+
+
+class FrameCETask:
+    """Frame cross-entropy over pdf ids on fixed-length chunks; a sample is a chunk."""
+
+    name = "ce"
+
+    def __init__(self, cfg: DictConfig) -> None:
+        exp = Path(cfg.exp_dir)
+        feats, t = cfg.features, cfg.trainer
+        ali_root = Path(cfg.model.alignments)
+        args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
+                    norm_vars=bool(feats.norm_vars))
+        self.train_set = ChunkSet(exp / "data" / cfg.sets.train, ali_root / cfg.sets.train,
+                                  **args)
+        self.dev_set = ChunkSet(exp / "data" / cfg.sets.dev, ali_root / cfg.sets.dev, **args)
+        if self.dev_set.num_pdfs != self.train_set.num_pdfs:
+            raise AsrtrainError(f"{ali_root}: train and dev alignments have different numbers "
+                                "of pdfs")
+        self.batch_size = int(t.batch_chunks)
+        self.block_utts = int(t.get("block_utts", 256))
+        self.seed = int(t.seed)
+        self.input_dim, self.output_dim = self.train_set.dim, self.train_set.num_pdfs
+        self.samples_per_epoch = len(self.train_set)
+        self.priors = log_priors(self.train_set.pdf_counts())
+
+    def describe(self) -> str:
+        return (f"frame CE over {self.output_dim} pdfs on {self.train_set.chunk}-frame chunks; "
+                f"{self.samples_per_epoch} training chunks, {len(self.dev_set)} dev")
+
+    def steps_per_epoch(self, world: int) -> int:
+        return self.train_set.steps(self.seed + 1, world, self.batch_size)
+
+    def epoch(self, epoch: int, rank: int, world: int) -> Iterator:
+        seed = self.seed + epoch
+        steps = self.train_set.steps(seed, world, self.batch_size)
+        return prefetch(self.train_set.batches(seed, rank, world, self.batch_size,
+                                               self.block_utts, steps))
+
+    @staticmethod
+    def samples(batch) -> int:
+        return batch.samples
+
+    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        return self._forward(model, batch)[0]
+
+    def _forward(self, model, batch):
+        device = next(model.parameters()).device
+        logits, _ = model(batch.feats.to(device), batch.lengths)
+        targets = batch.targets.to(device)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=IGNORE)
+        return loss, logits, targets
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, rank: int, world: int) -> dict[str, float]:
+        loss = correct = frames = 0.0
+        for batch in self.dev_set.batches(None, rank, world, self.batch_size):
+            batch_loss, logits, targets = self._forward(model, batch)
+            mask = targets != IGNORE
+            n = float(mask.sum())
+            loss += float(batch_loss) * n
+            correct += float((logits.argmax(-1)[mask] == targets[mask]).sum())
+            frames += n
+        return {"loss": loss, "correct": correct, "count": frames}
+
+    @staticmethod
+    def summarize(sums: dict[str, float]) -> dict[str, float]:
+        return {"dev_loss": sums["loss"] / max(sums["count"], 1),
+                "dev_frame_accuracy": 100 * sums["correct"] / max(sums["count"], 1)}
+
+    def checkpoint_extra(self) -> dict:
+        return {"log_priors": torch.from_numpy(self.priors), "chunk": self.train_set.chunk}
+
+
+def build_task(cfg: DictConfig):
+    head = str(cfg.model.get("head", "ctc"))
+    if head == "ctc":
+        return CTCTask(cfg)
+    if head == "ce":
+        return FrameCETask(cfg)
+    raise AsrtrainError(f"model.head={head!r}: expected ctc or ce")

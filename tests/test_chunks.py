@@ -1,0 +1,97 @@
+"""Frame-target chunks for hybrid training, on real kaldiio arks."""
+
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import pytest
+
+from asrtrain import AsrtrainError
+from asrtrain.data.datadir import DataDir
+from asrtrain.train.chunks import IGNORE, ChunkSet, chunk_starts, log_priors
+
+NUM_PDFS = 100_000
+
+
+@pytest.mark.parametrize("n, starts", [(5, [0]), (21, [0]), (42, [0, 21]), (50, [0, 21, 29]),
+                                       (22, [0, 1])])
+def test_chunk_starts_cover_every_frame(n: int, starts: list[int]) -> None:
+    assert chunk_starts(n, 21) == starts
+    covered = {t for s in starts for t in range(s, min(s + 21, n))}
+    assert covered == set(range(n))
+
+
+def _tagged(tmp_path: Path, lengths: list[int]) -> tuple[Path, Path]:
+    """A data dir whose feature rows say (utterance, frame), and alignments that say the same."""
+    data, ali = tmp_path / "data", tmp_path / "ali"
+    data.mkdir()
+    ali.mkdir()
+    d = DataDir()
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path}/f.ark,{tmp_path}/f.scp") as wf, \
+            kaldiio.WriteHelper(f"ark,scp:{ali}/pdf_ali.ark,{ali}/pdf_ali.scp") as wa:
+        for i, n in enumerate(lengths):
+            utt = f"spk{i % 2}-u{i:02d}"
+            t = np.arange(n)
+            wf(utt, np.stack([t, np.full(n, i), np.ones(n)], 1).astype(np.float32))
+            wa(utt, (i * 1000 + t).astype(np.int32))
+            d.wav[utt] = "/dev/null"
+            d.text[utt] = "x"
+            d.utt2spk[utt] = f"spk{i % 2}"
+            d.utt2num_frames[utt] = n
+    for line in (tmp_path / "f.scp").read_text().splitlines():
+        k, v = line.split(maxsplit=1)
+        d.feats[k] = v
+    d.write(data)
+    (ali / "num_pdfs").write_text(f"{NUM_PDFS}\n")
+    return data, ali
+
+
+def test_every_chunk_target_matches_its_frames(tmp_path: Path) -> None:
+    lengths = [5, 21, 30, 47, 63, 64, 12, 100]
+    data, ali = _tagged(tmp_path, lengths)
+    cs = ChunkSet(data, ali, chunk=21)
+    assert len(cs) == sum(len(chunk_starts(n, 21)) for n in lengths)
+    seen = 0
+    for batch in cs.batches(seed=3, rank=0, world=1, batch_size=4, block_utts=3):
+        for f, tgt, n in zip(batch.feats, batch.targets, batch.lengths, strict=True):
+            n = int(n)
+            expect = (f[:n, 1] * 1000 + f[:n, 0]).long()
+            assert (tgt[:n] == expect).all() and (tgt[n:] == IGNORE).all()
+            assert (f[n:] == 0).all()
+            seen += 1
+    assert seen == len(cs)  # seed with no step cap: every chunk once
+
+
+def test_shards_are_disjoint_and_steps_equal(tmp_path: Path) -> None:
+    data, ali = _tagged(tmp_path, [30, 47, 63, 64, 12, 100, 80, 90, 21])
+    cs = ChunkSet(data, ali, chunk=21)
+    shards = [set(cs.shard(7, r, 3)) for r in range(3)]
+    assert set.union(*shards) == set(cs.utts) and sum(map(len, shards)) == len(cs.utts)
+    steps = cs.steps(7, 3, 2)
+    for r in range(3):
+        assert len(list(cs.batches(7, r, 3, 2, block_utts=2, steps=steps))) == steps
+
+
+def test_priors_from_counts(tmp_path: Path) -> None:
+    data, ali = _tagged(tmp_path, [3, 4])
+    cs = ChunkSet(data, ali, chunk=21)
+    counts = cs.pdf_counts()
+    assert counts.sum() == 7 and counts[0] == 1 and counts[1003] == 1
+    p = np.exp(log_priors(counts))
+    assert p.sum() == pytest.approx(1.0) and (p > 0).all()
+
+
+def test_bad_alignments_name_file_and_utterance(tmp_path: Path) -> None:
+    data, ali = _tagged(tmp_path, [30, 40])
+    with kaldiio.WriteHelper(f"ark,scp:{ali}/pdf_ali.ark,{ali}/pdf_ali.scp") as wa:
+        wa("spk0-u00", np.zeros(30, dtype=np.int32))
+        wa("spk1-u01", np.zeros(39, dtype=np.int32))
+    cs = ChunkSet(data, ali, chunk=21, max_missing=0.5)
+    with pytest.raises(AsrtrainError, match="spk1-u01 has 39 frames of alignment for 40"):
+        list(cs.batches(None, 0, 1, 2))
+    (ali / "pdf_ali.scp").write_text((ali / "pdf_ali.scp").read_text().splitlines()[0] + "\n")
+    with pytest.raises(AsrtrainError, match="1 of 2 utterances .* have no alignment"):
+        ChunkSet(data, ali, chunk=21)
+    (ali / "num_pdfs").unlink()
+    with pytest.raises(AsrtrainError, match="num_pdfs: missing"):
+        ChunkSet(data, ali, chunk=21)
