@@ -1,0 +1,1 @@
+"""GMM-HMM training and alignment (Kaldi semantics, in torch): mono, tri passes, Kaldi import."""

@@ -1,0 +1,263 @@
+"""The GMM-HMM acoustic model (tree + transition probabilities + GMMs) and its alignment passes.
+
+A model is saved as ``final.mdl`` (a torch file) with ``tree.txt`` and ``num_pdfs`` beside it.
+Alignments are written as two Kaldi int32-vector tables (readable by ``copy-int-vector``):
+``ali.ark``/``ali.scp`` with the pdf id of every frame (what the hybrid trainer needs) and
+``ali_phone_state.ark``/``.scp`` with ``8 * phone_id + hmm_state`` per frame, which is
+independent of the tree and lets the next pass accumulate context statistics (the role of Kaldi's
+transition-id alignments).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.graph import PhoneGraph, hmm_graph, phone_graph
+from asrtrain.align.tree import Tree
+from asrtrain.align.viterbi import viterbi_batch
+from asrtrain.data.datadir import DataDir
+from asrtrain.features.transform import FeatureTransform
+from asrtrain.fileio import atomic_open, write_text
+from asrtrain.lang.lexicon import Lang
+
+log = logging.getLogger(__name__)
+
+STATE_BITS = 8   # ali_phone_state value = phone * 8 + hmm_state
+
+
+@dataclass
+class Utterance:
+    utt: str
+    words: list[str]
+    feats: np.ndarray    # [T, D] after CMN and deltas
+
+
+def load_data(data_dir: Path, lang: Lang, delta_order: int = 2) -> tuple[list[Utterance],
+                                                                          dict[str, str]]:
+    """Read text, feats.scp and cmvn.scp (Kaldi apply-cmvn: per-speaker means, no variance
+    normalization) and add deltas.  Returns the utterances and the ones left out with why
+    (transcript words outside the lexicon when it has no <unk>, missing features)."""
+    data_dir = Path(data_dir)
+    data = DataDir.read(data_dir)
+    for name in ("feats.scp", "cmvn.scp"):
+        if not (data_dir / name).is_file():
+            raise AsrtrainError(f"{data_dir / name}: missing; run the mfcc features stage first")
+    feats = kaldiio.load_scp(str(data_dir / "feats.scp"))
+    cmvn = {spk: np.asarray(m) for spk, m in kaldiio.load_scp(str(data_dir / "cmvn.scp")).items()}
+    for utt in data.utts:
+        if data.utt2spk[utt] not in cmvn:
+            raise AsrtrainError(f"{data_dir / 'cmvn.scp'}: no stats for speaker "
+                                f"{data.utt2spk[utt]} (utterance {utt})")
+    transform = FeatureTransform(cmvn, data.utt2spk, norm_vars=False, delta_order=delta_order)
+    out, skipped = [], {}
+    for utt in data.utts:
+        words = []
+        for w in data.text.get(utt, "").split():
+            if w not in lang.lexicon:
+                if "<unk>" not in lang.lexicon:
+                    skipped[utt] = f"word {w!r} is not in the lexicon"
+                    break
+                w = "<unk>"
+            words.append(w)
+        if utt in skipped:
+            continue
+        if utt not in feats:
+            skipped[utt] = "no features in feats.scp"
+            continue
+        out.append(Utterance(utt, words, transform(utt, np.asarray(feats[utt]))))
+    return out, skipped
+
+
+@dataclass
+class AcousticModel:
+    tree: Tree
+    gmm: DiagGmmSet
+    log_trans: dict[int, np.ndarray]    # phone -> [n, n+1] log transition probabilities
+    delta_order: int
+    var_floor: np.ndarray
+
+    @property
+    def num_pdfs(self) -> int:
+        return self.tree.num_pdfs
+
+    def save(self, out_dir: Path, phone_names: list[str]) -> None:
+        with atomic_open(out_dir / "final.mdl", "wb") as f:
+            torch.save({"tree": self.tree.state_dict(), "gmm": self.gmm.state_dict(),
+                        "log_trans": {p: torch.from_numpy(m) for p, m in self.log_trans.items()},
+                        "delta_order": self.delta_order,
+                        "var_floor": torch.from_numpy(self.var_floor)}, f)
+        write_text(out_dir / "tree.txt", self.tree.write_text(phone_names))
+        write_text(out_dir / "num_pdfs", f"{self.num_pdfs}\n")
+
+    @classmethod
+    def load(cls, model_dir: Path) -> AcousticModel:
+        path = Path(model_dir) / "final.mdl"
+        if not path.is_file():
+            raise AsrtrainError(f"{path}: no model; train this pass first")
+        d = torch.load(path, weights_only=True)
+        return cls(Tree.from_state_dict(d["tree"]), DiagGmmSet.from_state_dict(d["gmm"]),
+                   {int(p): m.numpy() for p, m in d["log_trans"].items()},
+                   int(d["delta_order"]), d["var_floor"].numpy())
+
+
+def initial_log_trans(lang: Lang) -> dict[int, np.ndarray]:
+    out = {}
+    for p in lang.phones.real_phone_ids:
+        topo = lang.phones.topology(p)
+        m = np.full((topo.num_states, topo.num_states + 1), -np.inf)
+        for s, arcs in enumerate(topo.transitions):
+            for d, prob in arcs:
+                m[s, d] = math.log(prob)
+        out[p] = m
+    return out
+
+
+def estimate_log_trans(counts: dict[int, np.ndarray], prior: dict[int, np.ndarray],
+                       floor: float = 0.01, min_count: float = 5.0) -> dict[int, np.ndarray]:
+    """ML transition probabilities per (phone, HMM state) from counts; states seen fewer than
+    ``min_count`` times keep their previous probabilities (Kaldi's MleUpdate)."""
+    out = {}
+    for p, old in prior.items():
+        new = old.copy()
+        c = counts.get(p)
+        if c is not None:
+            allowed = np.isfinite(old)
+            for s in range(old.shape[0]):
+                tot = c[s][allowed[s]].sum()
+                if tot >= min_count:
+                    prob = np.where(allowed[s], np.maximum(c[s] / tot, floor), 0.0)
+                    prob /= prob.sum()
+                    new[s] = np.where(allowed[s], np.log(np.maximum(prob, 1e-30)), -np.inf)
+        out[p] = new
+    return out
+
+
+def frame_contexts(phone_state: np.ndarray) -> np.ndarray:
+    """``[T, 4]`` (left, phone, right, hmm_state) per frame from a phone-state alignment.  A new
+    phone starts where HMM state 0 follows a non-zero state (every HMM enters at state 0 and
+    never returns to it)."""
+    phones = phone_state // STATE_BITS
+    states = phone_state % STATE_BITS
+    t = len(phones)
+    starts = np.ones(t, dtype=bool)
+    starts[1:] = (states[1:] == 0) & ((states[:-1] != 0) | (phones[1:] != phones[:-1]))
+    seg = np.cumsum(starts) - 1
+    seg_phone = phones[starts]
+    left = np.concatenate([[0], seg_phone[:-1]])[seg]
+    right = np.concatenate([seg_phone[1:], [0]])[seg]
+    return np.stack([left, phones, right, states], axis=1)
+
+
+def transition_counts(phone_state: np.ndarray, counts: dict[int, np.ndarray],
+                      log_trans: dict[int, np.ndarray]) -> None:
+    ctx = frame_contexts(phone_state)
+    for t in range(len(ctx)):
+        p, s = int(ctx[t, 1]), int(ctx[t, 3])
+        c = counts.setdefault(p, np.zeros_like(log_trans[p]))
+        last = t + 1 == len(ctx)
+        if last or (ctx[t + 1, 3] == 0 and (s != 0 or ctx[t + 1, 1] != p)):
+            c[s, -1] += 1      # leaves the phone
+        else:
+            c[s, int(ctx[t + 1, 3])] += 1
+
+
+@dataclass
+class AlignResult:
+    phone_state: dict[str, np.ndarray]
+    pdf: dict[str, np.ndarray]
+    words: dict[str, np.ndarray]          # word index in the transcript per frame (-1: silence)
+    failed: dict[str, str]
+    loglike_per_frame: float
+    frames: int
+    seconds: float
+
+
+def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
+          graphs: dict[str, PhoneGraph] | None = None) -> AlignResult:
+    """Viterbi-align ``utts`` through their training graphs, batched (``batch_frames`` frames of
+    speech per batch, utterances sorted by length)."""
+    t0 = time.time()
+    device = torch.device(cfg.get("device", "cpu"))
+    gmm = model.gmm.to(device)
+    ps_out, pdf_out, word_out, failed = {}, {}, {}, {}
+    total_ac, frames = 0.0, 0
+    order = sorted(utts, key=lambda u: len(u.feats))
+    batch: list[Utterance] = []
+
+    def run(batch: list[Utterance]) -> None:
+        nonlocal total_ac, frames
+        hgs = []
+        for u in batch:
+            pg = graphs.get(u.utt) if graphs is not None else None
+            if pg is None:
+                pg = phone_graph(lang, u.words)
+                if graphs is not None:
+                    graphs[u.utt] = pg
+            hgs.append(hmm_graph(lang, pg, model.tree.pdf, model.log_trans,
+                                 cfg.get("self_loop_scale", 0.1),
+                                 cfg.get("transition_scale", 1.0)))
+        lls = [gmm.loglikes(torch.from_numpy(u.feats).to(device)) for u in batch]
+        for u, g, a in zip(batch, hgs, viterbi_batch(hgs, lls, cfg.get("acoustic_scale", 0.1),
+                                                     device), strict=True):
+            if a.states is None:
+                failed[u.utt] = f"no path through the graph ({len(u.feats)} frames)"
+                continue
+            ps_out[u.utt] = (g.phone[a.states] * STATE_BITS + g.hmm_state[a.states]).astype(
+                np.int32)
+            pdf_out[u.utt] = g.pdf[a.states].astype(np.int32)
+            word_out[u.utt] = g.word[a.states].astype(np.int32)
+            total_ac += a.acoustic
+            frames += len(u.feats)
+
+    budget = int(cfg.get("batch_frames", 20000))
+    for u in order:
+        if batch and sum(len(b.feats) for b in batch) + len(u.feats) > budget:
+            run(batch)
+            batch = []
+        batch.append(u)
+    if batch:
+        run(batch)
+    return AlignResult(ps_out, pdf_out, word_out, failed, total_ac / max(frames, 1), frames,
+                       time.time() - t0)
+
+
+def check_failures(res: AlignResult, num_utts: int, max_fail_fraction: float,
+                   where: str) -> None:
+    for utt, why in sorted(res.failed.items()):
+        log.warning("%s: alignment failed for %s: %s", where, utt, why)
+    if num_utts and len(res.failed) / num_utts > max_fail_fraction:
+        raise AsrtrainError(f"{where}: {len(res.failed)} of {num_utts} utterances failed to "
+                            f"align (more than align.max_fail_fraction={max_fail_fraction}); "
+                            f"first: {sorted(res.failed.items())[:3]}")
+
+
+def write_alignments(out_dir: Path, res: AlignResult) -> None:
+    """ali.ark/scp (pdf ids) and ali_phone_state.ark/scp, int32 vectors, written atomically."""
+    for name, table in (("ali", res.pdf), ("ali_phone_state", res.phone_state)):
+        tmp_ark = out_dir / f".{name}.ark.tmp"
+        tmp_scp = out_dir / f".{name}.scp.tmp"
+        with kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as w:
+            for utt in sorted(table):
+                w(utt, table[utt].astype(np.int32))
+        # the scp points at the temporary ark name: rewrite it before both are renamed
+        scp = tmp_scp.read_text().replace(str(tmp_ark), str((out_dir / f"{name}.ark").resolve()))
+        tmp_ark.replace(out_dir / f"{name}.ark")
+        write_text(out_dir / f"{name}.scp", scp)
+        tmp_scp.unlink()
+
+
+def read_int_table(scp: Path) -> dict[str, np.ndarray]:
+    if not scp.is_file():
+        raise AsrtrainError(f"{scp}: missing")
+    return {k: np.asarray(v) for k, v in kaldiio.load_scp(str(scp)).items()}

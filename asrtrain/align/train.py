@@ -1,0 +1,334 @@
+"""GMM-HMM training stages: flat-start monophones, triphones with a decision tree, Kaldi import.
+
+``train_mono`` follows Kaldi's ``steps/train_mono.sh``: every pdf starts as the global Gaussian,
+the first statistics come from an equal alignment, then ``num_iters`` passes of ML re-estimation
+with Viterbi realignment at ``realign_iters`` and Gaussian splitting up to ``totgauss``.
+``train_tri`` follows ``steps/train_deltas.sh``: context statistics from the previous pass's
+alignment, questions from phone clustering plus the extra questions, a tree of ``num_leaves``
+leaves, one Gaussian per leaf, then training with realignment and mixing up to ``num_gauss``.
+A second triphone pass (tri2) is ``train_tri`` again on tri1's alignment with more leaves.
+Each stage writes ``final.mdl``, ``tree.txt``, ``num_pdfs``, ``ali.{ark,scp}``,
+``ali_phone_state.{ark,scp}``, ``log.txt`` and ``passes.json`` (log-likelihood, frames/s and
+seconds of each pass) into its output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.graph import equal_alignment
+from asrtrain.align.model import (
+    STATE_BITS,
+    AcousticModel,
+    AlignResult,
+    Utterance,
+    align,
+    check_failures,
+    estimate_log_trans,
+    frame_contexts,
+    initial_log_trans,
+    load_data,
+    read_int_table,
+    transition_counts,
+    write_alignments,
+)
+from asrtrain.align.tree import TreeStats, build_tree, cluster_phones, mono_tree
+from asrtrain.fileio import atomic_dir, write_text
+from asrtrain.lang.lexicon import Lang
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GmmConfig:
+    """Options of a GMM pass; names and defaults as Kaldi's train_mono.sh / train_deltas.sh."""
+
+    num_iters: int = 40
+    totgauss: int = 1000                 # mono: target total Gaussians
+    num_leaves: int = 2000               # tri: tree leaves (pdfs)
+    num_gauss: int = 10000               # tri: target total Gaussians
+    max_iter_inc: int = 30               # mix up during the first iterations only
+    realign_iters: list[int] = field(default_factory=lambda: [
+        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 23, 26, 29, 32, 35, 38])
+    delta_order: int = 2
+    acoustic_scale: float = 0.1
+    self_loop_scale: float = 0.1
+    transition_scale: float = 1.0
+    min_gaussian_occupancy: float = 10.0
+    var_floor_factor: float = 0.01       # variance floor = factor * global variance
+    tree_thresh: float = 0.0             # minimum likelihood gain of a split
+    tree_min_count: float = 10.0         # frames on each side of a split
+    max_fail_fraction: float = 0.1
+    batch_frames: int = 20000
+    device: str = "cpu"
+
+    @classmethod
+    def from_config(cls, cfg: Mapping | None, **defaults) -> GmmConfig:
+        values = dict(defaults)
+        for k, v in dict(cfg or {}).items():
+            if k not in cls.__dataclass_fields__:
+                raise AsrtrainError(f"unknown GMM option {k!r}; known: "
+                                    f"{sorted(cls.__dataclass_fields__)}")
+            values[k] = list(v) if k == "realign_iters" else v
+        return cls(**values)
+
+
+class _PassLog:
+    """Writes log.txt lines and collects the per-pass figures for passes.json."""
+
+    def __init__(self, out_dir: Path, name: str) -> None:
+        self.out_dir, self.name = out_dir, name
+        self.lines: list[str] = []
+        self.passes: list[dict] = []
+
+    def __call__(self, msg: str) -> None:
+        log.info("%s: %s", self.name, msg)
+        self.lines.append(msg)
+
+    def record(self, it: int, res: AlignResult | None, loglike: float, frames: int,
+               seconds: float, num_gauss: int) -> None:
+        entry = {"iter": it, "loglike_per_frame": loglike, "frames": frames,
+                 "seconds": round(seconds, 3), "num_gauss": num_gauss}
+        if res is not None:
+            entry.update(realigned=True, align_frames_per_second=round(
+                res.frames / max(res.seconds, 1e-9)), align_seconds=round(res.seconds, 3),
+                failed=len(res.failed))
+        self.passes.append(entry)
+        self(json.dumps(entry))
+
+    def write(self, tmp: Path, summary: dict) -> None:
+        write_text(tmp / "log.txt", "\n".join(self.lines) + "\n")
+        write_text(tmp / "passes.json", json.dumps({"summary": summary, "passes": self.passes},
+                                                   indent=1) + "\n")
+
+
+def _global_stats(utts: list[Utterance]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.concatenate([u.feats for u in utts]).astype(np.float64)
+    return x.mean(0), x.var(0)
+
+
+def _num_states(lang: Lang) -> dict[int, int]:
+    return {p: lang.phones.topology(p).num_states for p in lang.phones.real_phone_ids}
+
+
+def _accumulate(model: AcousticModel, utts: list[Utterance], phone_state: dict[str, np.ndarray],
+                device: torch.device) -> tuple:
+    """GMM statistics and transition counts from a phone-state alignment."""
+    gmm = model.gmm.to(device)
+    stats = gmm.zero_stats()
+    counts: dict[int, np.ndarray] = {}
+    for u in utts:
+        ps = phone_state.get(u.utt)
+        if ps is None:
+            continue
+        ctx = frame_contexts(ps)
+        pdf = np.array([model.tree.pdf(int(a), int(b), int(c), int(d)) for a, b, c, d in ctx])
+        gmm.accumulate(torch.from_numpy(u.feats).to(device), torch.from_numpy(pdf).to(device),
+                       stats)
+        transition_counts(ps, counts, model.log_trans)
+    return gmm, stats, counts
+
+
+def _train_iters(model: AcousticModel, lang: Lang, utts: list[Utterance],
+                 phone_state: dict[str, np.ndarray], cfg: GmmConfig, target_gauss: int,
+                 plog: _PassLog, graphs: dict) -> AlignResult:
+    """The shared loop: realign (when scheduled), accumulate, update, mix up; a final alignment
+    with the last model is returned."""
+    device = torch.device(cfg.device)
+    var_floor = torch.from_numpy(model.var_floor).to(device)
+    num_gauss = model.gmm.num_gauss()
+    inc = max(0, (target_gauss - num_gauss) // max(cfg.max_iter_inc, 1))
+    acfg = asdict(cfg)
+    for it in range(1, cfg.num_iters + 1):
+        t0 = time.time()
+        res = None
+        if it in cfg.realign_iters:
+            res = align(model, lang, utts, acfg, graphs)
+            check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} iter {it}")
+            phone_state = res.phone_state
+        gmm, stats, counts = _accumulate(model, utts, phone_state, device)
+        gmm.update(stats, var_floor, cfg.min_gaussian_occupancy)
+        model.log_trans = estimate_log_trans(counts, model.log_trans)
+        if it <= cfg.max_iter_inc and num_gauss < target_gauss:
+            num_gauss = min(target_gauss, num_gauss + inc)
+            gmm.mixup(num_gauss, stats.occ.sum(-1))
+        model.gmm = gmm.to("cpu")
+        plog.record(it, res, stats.loglike / max(stats.frames, 1), stats.frames,
+                    time.time() - t0, model.gmm.num_gauss())
+    res = align(model, lang, utts, acfg, graphs)
+    check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} final alignment")
+    plog.record(cfg.num_iters + 1, res, res.loglike_per_frame, res.frames, res.seconds,
+                model.gmm.num_gauss())
+    return res
+
+
+def train_mono(data_dir: Path, lang_dir: Path, out_dir: Path,
+               cfg: Mapping | None = None) -> dict:
+    """Flat-start monophone training (see the module docstring); returns the summary."""
+    c = GmmConfig.from_config(cfg)
+    lang = Lang.read(lang_dir)
+    utts, skipped = load_data(data_dir, lang, c.delta_order)
+    if not utts:
+        raise AsrtrainError(f"{data_dir}: no utterance to train on")
+    out_dir = Path(out_dir)
+    plog = _PassLog(out_dir, "mono")
+    for utt, why in sorted(skipped.items()):
+        plog(f"skipped {utt}: {why}")
+    mean, var = _global_stats(utts)
+    var_floor = c.var_floor_factor * var
+    num_states = _num_states(lang)
+    tree = mono_tree(lang.phones.root_of(), num_states)
+    p = tree.num_pdfs
+    gmm = DiagGmmSet(torch.from_numpy(np.tile(mean, (p, 1, 1))),
+                     torch.from_numpy(np.tile(var, (p, 1, 1))), torch.zeros(p, 1))
+    model = AcousticModel(tree, gmm, initial_log_trans(lang), c.delta_order, var_floor)
+
+    # iteration 0: equal alignment (Kaldi align-equal-compiled, then gmm-est)
+    t0 = time.time()
+    phone_state = {}
+    for u in utts:
+        eq = equal_alignment(lang, u.words, len(u.feats), num_states.__getitem__)
+        if eq is None:
+            plog(f"equal alignment impossible for {u.utt} ({len(u.feats)} frames)")
+            continue
+        phone_state[u.utt] = np.array([ph * STATE_BITS + s for ph, s in eq], dtype=np.int64)
+    if len(utts) - len(phone_state) > c.max_fail_fraction * len(utts):
+        raise AsrtrainError(f"{data_dir}: {len(utts) - len(phone_state)} of {len(utts)} "
+                            "utterances are too short for an equal alignment")
+    device = torch.device(c.device)
+    g, stats, counts = _accumulate(model, utts, phone_state, device)
+    g.update(stats, torch.from_numpy(var_floor).to(device), min_gaussian_occupancy=3.0)
+    model.gmm = g.to("cpu")
+    model.log_trans = estimate_log_trans(counts, model.log_trans)
+    plog.record(0, None, stats.loglike / max(stats.frames, 1), stats.frames, time.time() - t0,
+                model.gmm.num_gauss())
+
+    res = _train_iters(model, lang, utts, phone_state, c, c.totgauss, plog, {})
+    summary = {"kind": "mono", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
+               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+               "final_loglike_per_frame": res.loglike_per_frame}
+    _write(out_dir, model, lang, res, plog, summary)
+    return summary
+
+
+def train_tri(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
+              cfg: Mapping | None = None) -> dict:
+    """Triphone training on the alignment of a previous pass in ``ali_dir``."""
+    c = GmmConfig.from_config(cfg, num_iters=35, realign_iters=[10, 20, 30], max_iter_inc=25)
+    lang = Lang.read(lang_dir)
+    utts, skipped = load_data(data_dir, lang, c.delta_order)
+    ali_dir, out_dir = Path(ali_dir), Path(out_dir)
+    prev = read_int_table(ali_dir / "ali_phone_state.scp")
+    plog = _PassLog(out_dir, out_dir.name)
+    for utt, why in sorted(skipped.items()):
+        plog(f"skipped {utt}: {why}")
+    utts_with_ali = []
+    for u in utts:
+        a = prev.get(u.utt)
+        if a is None:
+            plog(f"no alignment for {u.utt} in {ali_dir}")
+        elif len(a) != len(u.feats):
+            raise AsrtrainError(f"{ali_dir / 'ali_phone_state.scp'}: utterance {u.utt} has "
+                                f"{len(a)} frames, its features {len(u.feats)}")
+        else:
+            utts_with_ali.append(u)
+    if len(utts_with_ali) < (1 - c.max_fail_fraction) * len(utts):
+        raise AsrtrainError(f"{ali_dir}: only {len(utts_with_ali)} of {len(utts)} utterances "
+                            "have an alignment")
+    utts = utts_with_ali
+    t0 = time.time()
+    items = [(frame_contexts(prev[u.utt].astype(np.int64)), u.feats) for u in utts]
+    stats = TreeStats.accumulate(items)
+    mean, var = _global_stats(utts)
+    var_floor = c.var_floor_factor * var
+    ps = lang.phones
+    sets = [[ps.phones[v] for v in ps.variants(b)] for b in ps.bases]
+    questions = cluster_phones(stats, sets, var_floor) + ps.questions()
+    tree, tsum = build_tree(stats, ps.root_of(), questions, _num_states(lang), c.num_leaves,
+                            var_floor, c.tree_thresh, c.tree_min_count)
+    plog(f"tree: {tsum['leaves']} leaves, {len(questions)} phone questions, objective "
+         f"{tsum['objective_before'] / tsum['frames']:.3f} -> "
+         f"{tsum['objective_after'] / tsum['frames']:.3f} per frame")
+    # one Gaussian per leaf from the pooled context statistics (gmm-init-model)
+    leaf = np.array([tree.pdf(int(a), int(b), int(cc), int(d)) for a, b, cc, d in stats.keys])
+    d = (stats.stats.shape[1] - 1) // 2
+    pooled = np.zeros((tree.num_pdfs, stats.stats.shape[1]))
+    np.add.at(pooled, leaf, stats.stats)
+    empty = pooled[:, 0] <= 0
+    pooled[empty] = np.concatenate([[1.0], mean, var + mean * mean])   # unseen: global
+    gmm = DiagGmmSet.from_single_gaussians(torch.from_numpy(pooled[:, 0]),
+                                           torch.from_numpy(pooled[:, 1:1 + d]),
+                                           torch.from_numpy(pooled[:, 1 + d:]),
+                                           torch.from_numpy(var_floor))
+    prev_model_path = ali_dir / "final.mdl"
+    log_trans = (AcousticModel.load(ali_dir).log_trans if prev_model_path.is_file()
+                 else initial_log_trans(lang))
+    model = AcousticModel(tree, gmm, log_trans, c.delta_order, var_floor)
+    plog(f"tree built and model initialized in {time.time() - t0:.1f} s")
+    res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
+                       c, c.num_gauss, plog, {})
+    summary = {"kind": "tri", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
+               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+               "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum}
+    _write(out_dir, model, lang, res, plog, summary)
+    return summary
+
+
+def _write(out_dir: Path, model: AcousticModel, lang: Lang, res: AlignResult, plog: _PassLog,
+           summary: dict) -> None:
+    with atomic_dir(out_dir) as tmp:
+        model.save(tmp, lang.phones.phones.id2sym)
+        write_alignments(tmp, res)
+        plog.write(tmp, summary)
+    # ark offsets in the scp files point into tmp: fix the directory name after the swap
+    for name in ("ali.scp", "ali_phone_state.scp"):
+        p = out_dir / name
+        write_text(p, p.read_text().replace(str(tmp.resolve()), str(out_dir.resolve())))
+
+
+def import_kaldi_alignment(kaldi_dir: Path, out_dir: Path, num_pdfs: int | None = None) -> int:
+    """``align.source=kaldi``: copy pdf-id alignments (``ali-to-pdf`` output: ``pdf.*.ark``,
+    ``ali.*.ark`` or ``*.scp`` int32-vector tables) into ``out_dir/ali.{ark,scp}``; ``num_pdfs``
+    comes from the argument or ``kaldi_dir/num_pdfs``.  Returns the number of utterances."""
+    import kaldiio
+
+    kaldi_dir, out_dir = Path(kaldi_dir), Path(out_dir)
+    if num_pdfs is None:
+        f = kaldi_dir / "num_pdfs"
+        if not f.is_file():
+            raise AsrtrainError(f"{f}: missing; give num_pdfs (e.g. from `tree-info` or "
+                                "`am-info`) in the config")
+        num_pdfs = int(f.read_text().split()[0])
+    files = sorted(kaldi_dir.glob("*.scp")) or sorted(kaldi_dir.glob("*.ark"))
+    if not files:
+        raise AsrtrainError(f"{kaldi_dir}: no .scp or .ark pdf alignments")
+    table: dict[str, np.ndarray] = {}
+    for f in files:
+        reader = kaldiio.load_scp(str(f)) if f.suffix == ".scp" else kaldiio.load_ark(str(f))
+        items = reader.items() if f.suffix == ".scp" else reader
+        for utt, vec in items:
+            vec = np.asarray(vec)
+            if vec.ndim != 1 or not np.issubdtype(vec.dtype, np.integer):
+                raise AsrtrainError(f"{f}: {utt} is not an int32 vector (run ali-to-pdf)")
+            if len(vec) and (vec.min() < 0 or vec.max() >= num_pdfs):
+                raise AsrtrainError(f"{f}: {utt} has pdf ids outside 0..{num_pdfs - 1}")
+            table[utt] = vec.astype(np.int32)
+    res = AlignResult({}, table, {}, {}, 0.0, sum(map(len, table.values())), 0.0)
+    with atomic_dir(out_dir) as tmp:
+        write_alignments(tmp, res)
+        (tmp / "ali_phone_state.ark").unlink()
+        (tmp / "ali_phone_state.scp").unlink()
+        write_text(tmp / "num_pdfs", f"{num_pdfs}\n")
+    p = out_dir / "ali.scp"
+    write_text(p, p.read_text().replace(str(tmp.resolve()), str(out_dir.resolve())))
+    return len(table)

@@ -1,0 +1,244 @@
+"""Phonetic decision trees (Kaldi's ``acc-tree-stats``, ``cluster-phones``, ``build-tree``).
+
+A context is ``(left, phone, right, pdf_class)`` with phone ids (0 = utterance boundary).  Every
+base phone is one root ("shared split" in Kaldi's roots.txt: its word-position variants and all its
+HMM states start on one tree); a question asks whether the left phone (key 0), the central phone
+(key 1), the right phone (key 2) is in a phone set, or whether the pdf-class (key -1) is in a set of
+HMM states.  Phone sets come from clustering the phones bottom-up by the likelihood loss of merging
+their single-Gaussian statistics (each cluster formed becomes a question, as cluster-phones gives
+a hierarchy of sets), plus the dict's extra questions and the word-position questions.  The tree is
+grown greedily: the split with the largest likelihood gain anywhere is made next, until
+``num_leaves`` leaves or no split gains more than ``thresh`` with at least ``min_count`` frames on
+each side.  Leaves are numbered as pdf ids.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+KEY_PDF_CLASS = -1
+LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass
+class TreeStats:
+    """Single-Gaussian statistics per context: ``keys`` [K, 4] (left, phone, right, pdf_class),
+    ``stats`` [K, 1 + 2D] (count, sum x, sum x^2)."""
+
+    keys: np.ndarray
+    stats: np.ndarray
+
+    @classmethod
+    def accumulate(cls, items: list[tuple[np.ndarray, np.ndarray]]) -> TreeStats:
+        """From per-utterance ``(contexts [T, 4], feats [T, D])``."""
+        keys = np.concatenate([k for k, _ in items])
+        x = np.concatenate([f for _, f in items]).astype(np.float64)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        stats = np.zeros((len(uniq), 1 + 2 * x.shape[1]))
+        np.add.at(stats, inv.reshape(-1), np.concatenate([np.ones((len(x), 1)), x, x * x], 1))
+        return cls(uniq, stats)
+
+
+def gaussian_loglike(stats: np.ndarray, var_floor: np.ndarray) -> np.ndarray:
+    """Log-likelihood of the data under its own ML diagonal Gaussian, for rows of stats."""
+    stats = np.atleast_2d(stats)
+    n = stats[:, 0]
+    d = (stats.shape[1] - 1) // 2
+    safe = np.maximum(n, 1e-10)[:, None]
+    mean = stats[:, 1:1 + d] / safe
+    var = np.maximum(stats[:, 1 + d:] / safe - mean * mean, var_floor)
+    return np.where(n > 0, -0.5 * n * (d * (1 + LOG_2PI) + np.log(var).sum(1)), 0.0)
+
+
+def cluster_phones(stats: TreeStats, sets: list[list[int]], var_floor: np.ndarray,
+                   pdf_class: int = 1) -> list[set[int]]:
+    """Question sets from bottom-up clustering of the phone sets (each a base phone's variants),
+    on the statistics of HMM state ``pdf_class`` (Kaldi's cluster-phones --pdf-class-list=1)."""
+    where = {p: i for i, s in enumerate(sets) for p in s}
+    pooled = np.zeros((len(sets), stats.stats.shape[1]))
+    for (_, p, _, c), row in zip(stats.keys, stats.stats, strict=True):
+        if c == pdf_class and p in where:
+            pooled[where[p]] += row
+    clusters = [(set(s), pooled[i]) for i, s in enumerate(sets) if pooled[i, 0] > 0]
+    questions = [set(c) for c, _ in clusters]
+    while len(clusters) > 2:
+        like = gaussian_loglike(np.stack([s for _, s in clusters]), var_floor)
+        best, pair = math.inf, (0, 1)
+        for i in range(len(clusters)):
+            merged = clusters[i][1][None, :] + np.stack([s for _, s in clusters[i + 1:]]) \
+                if i + 1 < len(clusters) else None
+            if merged is None:
+                continue
+            loss = like[i] + like[i + 1:] - gaussian_loglike(merged, var_floor)
+            j = int(np.argmin(loss))
+            if loss[j] < best:
+                best, pair = float(loss[j]), (i, i + 1 + j)
+        i, j = pair
+        new = (clusters[i][0] | clusters[j][0], clusters[i][1] + clusters[j][1])
+        clusters = [c for k, c in enumerate(clusters) if k not in pair] + [new]
+        questions.append(set(new[0]))
+    return questions
+
+
+@dataclass
+class Tree:
+    """``nodes[i]`` is ``("leaf", pdf)`` or ``("split", key, values, yes, no)``;
+    ``roots[root_index]`` the node of each base phone; ``root_of[phone]`` its root index."""
+
+    nodes: list[tuple]
+    roots: dict[int, int]
+    root_of: dict[int, int]
+    num_pdfs: int
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def pdf(self, left: int, phone: int, right: int, pdf_class: int) -> int:
+        key = (left, phone, right, pdf_class)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        ctx = {0: left, 1: phone, 2: right, KEY_PDF_CLASS: pdf_class}
+        node = self.nodes[self.roots[self.root_of[phone]]]
+        while node[0] == "split":
+            node = self.nodes[node[3] if ctx[node[1]] in node[2] else node[4]]
+        self._cache[key] = node[1]
+        return node[1]
+
+    def asks_context(self) -> bool:
+        return any(n[0] == "split" and n[1] in (0, 2) for n in self.nodes)
+
+    def state_dict(self) -> dict:
+        nodes = [list(n) if n[0] == "leaf" else [n[0], n[1], sorted(n[2]), n[3], n[4]]
+                 for n in self.nodes]
+        return {"nodes": nodes, "roots": self.roots, "root_of": self.root_of,
+                "num_pdfs": self.num_pdfs}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> Tree:
+        nodes = [tuple(n) if n[0] == "leaf" else (n[0], n[1], frozenset(n[2]), n[3], n[4])
+                 for n in d["nodes"]]
+        return cls(nodes, dict(d["roots"]), dict(d["root_of"]), d["num_pdfs"])
+
+    def write_text(self, phone_names: list[str]) -> str:
+        """A readable dump (one line per node), written next to the model as ``tree.txt``."""
+        names = {0: "left", 1: "phone", 2: "right", KEY_PDF_CLASS: "pdf-class"}
+        lines = []
+        for i, n in enumerate(self.nodes):
+            if n[0] == "leaf":
+                lines.append(f"{i} leaf pdf={n[1]}")
+            else:
+                vals = sorted(n[2])
+                shown = vals if n[1] == KEY_PDF_CLASS else [phone_names[v] for v in vals]
+                lines.append(f"{i} {names[n[1]]} in {{{' '.join(map(str, shown))}}} "
+                             f"yes={n[3]} no={n[4]}")
+        return "\n".join(lines) + "\n"
+
+
+def mono_tree(root_of: dict[int, int], num_states: dict[int, int]) -> Tree:
+    """The monophone "tree": one pdf per (base phone, HMM state), no context."""
+    nodes: list[tuple] = []
+    roots: dict[int, int] = {}
+    pdf = 0
+    for root in sorted(set(root_of.values())):
+        n = max(num_states[p] for p, r in root_of.items() if r == root)
+        leaves = []
+        for _ in range(n):
+            nodes.append(("leaf", pdf))
+            leaves.append(len(nodes) - 1)
+            pdf += 1
+        # a chain "pdf-class == k ?" ending in the last state's leaf
+        nxt = leaves[-1]
+        for k in range(n - 2, -1, -1):
+            nodes.append(("split", KEY_PDF_CLASS, frozenset({k}), leaves[k], nxt))
+            nxt = len(nodes) - 1
+        roots[root] = nxt
+    return Tree(nodes, roots, dict(root_of), pdf)
+
+
+def build_tree(stats: TreeStats, root_of: dict[int, int], phone_questions: list[set[int]],
+               num_states: dict[int, int], num_leaves: int, var_floor: np.ndarray,
+               thresh: float = 0.0, min_count: float = 10.0) -> tuple[Tree, dict]:
+    """Grow the tree greedily by likelihood gain (see the module docstring).  Returns the tree and
+    a summary (leaves, gain, objective before and after)."""
+    questions: dict[int, list[frozenset[int]]] = {}
+    uniq_q = sorted({frozenset(q) for q in phone_questions if q}, key=sorted)
+    for key in (0, 1, 2):
+        questions[key] = uniq_q
+    max_states = max(num_states.values())
+    questions[KEY_PDF_CLASS] = sorted(
+        {frozenset(range(k + 1)) for k in range(max_states - 1)}
+        | {frozenset({k}) for k in range(max_states)}, key=sorted)
+
+    keys, data = stats.keys, stats.stats
+    col = {0: keys[:, 0], 1: keys[:, 1], 2: keys[:, 2], KEY_PDF_CLASS: keys[:, 3]}
+    masks = {k: np.stack([np.isin(col[k], list(q)) for q in qs]) for k, qs in questions.items()}
+
+    def best_split(idx: np.ndarray) -> tuple[float, int, int] | None:
+        total = data[idx].sum(0)
+        base = float(gaussian_loglike(total, var_floor)[0])
+        best = None
+        for key, m in masks.items():
+            sub = m[:, idx].astype(np.float64)          # [Q, K]
+            yes = sub @ data[idx]
+            no = total[None, :] - yes
+            okq = (yes[:, 0] >= min_count) & (no[:, 0] >= min_count)
+            if not okq.any():
+                continue
+            gain = gaussian_loglike(yes, var_floor) + gaussian_loglike(no, var_floor) - base
+            gain = np.where(okq, gain, -np.inf)
+            q = int(np.argmax(gain))
+            if best is None or gain[q] > best[0]:
+                best = (float(gain[q]), key, q)
+        return best
+
+    nodes: list[tuple] = []
+    members: dict[int, np.ndarray] = {}
+    roots: dict[int, int] = {}
+    heap: list[tuple[float, int, int, int]] = []
+    root_arr = np.array([root_of.get(int(p), -1) for p in keys[:, 1]])
+    objective = 0.0
+    for root in sorted(set(root_of.values())):
+        idx = np.nonzero(root_arr == root)[0]
+        nodes.append(("leaf", -1))
+        roots[root] = len(nodes) - 1
+        members[len(nodes) - 1] = idx
+        if len(idx):
+            objective += float(gaussian_loglike(data[idx].sum(0), var_floor)[0])
+            b = best_split(idx)
+            if b is not None:
+                heapq.heappush(heap, (-b[0], len(nodes) - 1, b[1], b[2]))
+    start_objective = objective
+    leaves = len(roots)
+    while heap and leaves < num_leaves:
+        neg_gain, node, key, q = heapq.heappop(heap)
+        if -neg_gain <= thresh:
+            break
+        idx = members.pop(node)
+        in_q = masks[key][q, idx]
+        children = []
+        for part in (idx[in_q], idx[~in_q]):
+            nodes.append(("leaf", -1))
+            members[len(nodes) - 1] = part
+            children.append(len(nodes) - 1)
+            b = best_split(part)
+            if b is not None:
+                heapq.heappush(heap, (-b[0], len(nodes) - 1, b[1], b[2]))
+        nodes[node] = ("split", key, questions[key][q], children[0], children[1])
+        objective += -neg_gain
+        leaves += 1
+    # number the leaves as pdfs, root by root in tree order
+    pdf = 0
+    stack = [roots[r] for r in sorted(roots, reverse=True)]
+    while stack:
+        i = stack.pop()
+        if nodes[i][0] == "leaf":
+            nodes[i] = ("leaf", pdf)
+            pdf += 1
+        else:
+            stack.extend([nodes[i][4], nodes[i][3]])
+    summary = {"leaves": pdf, "objective_before": start_objective, "objective_after": objective,
+               "frames": float(data[:, 0].sum())}
+    return Tree(nodes, roots, dict(root_of), pdf), summary
