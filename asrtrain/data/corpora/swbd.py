@@ -69,6 +69,9 @@ class DictDir:
     silence_phones: list[str] = field(default_factory=lambda: list(SILENCE_PHONES))
     optional_silence: str = OPTIONAL_SILENCE
     extra_questions: list[str] = field(default_factory=list)
+    #: acronyms.map lines (word, acronym form, spelled back): scoring maps hypotheses back with
+    #: the third column, as s5c's local/map_acronyms_ctm.py does (i._b._m. -> i b m).
+    acronyms: list[str] = field(default_factory=list)
 
     def files(self) -> dict[str, str]:
         """File name -> content, as swbd1_prepare_dict.sh leaves them."""
@@ -78,7 +81,8 @@ class DictDir:
                 "silence_phones.txt": lines(self.silence_phones),
                 "nonsilence_phones.txt": lines(self.nonsilence_phones),
                 "optional_silence.txt": f"{self.optional_silence}\n",
-                "extra_questions.txt": lines(self.extra_questions)}
+                "extra_questions.txt": lines(self.extra_questions),
+                "acronyms.map": lines(self.acronyms)}
 
 
 @dataclass
@@ -135,41 +139,39 @@ def _read_ms98_dict(path: Path) -> list[str]:
     return sorted(out)
 
 
-def _acronyms(lexicon3: list[str]) -> tuple[list[str], dict[str, str]]:
+def _acronyms(lexicon3: list[str]) -> tuple[list[str], list[str]]:
     """format_acronyms_dict.py: IBM -> i._b._m., BBCs -> b._b._c.s, BBC's -> b._b._c.'s.
 
-    Returns the rewritten lexicon lines and the map word -> acronym form for the transcripts.
+    Returns the rewritten lexicon lines and the acronyms.map lines
+    ``<word>\t<acronym form>\t<spelled back>`` (``ibm\ti._b._m.\ti b m``), sorted and unique.
     """
     out: list[str] = []
-    mapping: list[tuple[str, str]] = []
+    mapping: set[str] = set()
     for lex in lexicon3:
-        items = lex.split()
-        word = items[0]
+        word = lex.split()[0]
         pron = lex[len(word) + 1:].strip()
 
         def spelled(letters: str) -> str:
             return " ".join(SINGLE_LETTERS[c.upper()] for c in letters)
 
-        mapped = None
+        stem, suffix, back = None, "", ""
         if re.match(r"^[A-Za-z]+$|^[A-Za-z]+'s$|^[A-Za-z]+s$", word):
             if word[-2:] == "'s" and pron[-1] in "sz":
-                stem = word[:-2]
-                if spelled(stem) == pron[:-2]:
-                    mapped = "".join(c.lower() + "._" for c in stem[:-1]) + stem[-1].lower() + ".'s"
+                if spelled(word[:-2]) == pron[:-2]:
+                    stem, suffix, back = word[:-2], ".'s", "'s"
             elif word[-1] == "s" and pron[-1] in "sz":
-                stem = word[:-1]
-                if stem and spelled(stem) == pron[:-2]:
-                    mapped = "".join(c.lower() + "._" for c in stem[:-1]) + stem[-1].lower() + ".s"
+                if word[:-1] and spelled(word[:-1]) == pron[:-2]:
+                    stem, suffix, back = word[:-1], ".s", "'s"
             elif "'" not in word and word[-1] != "s":
                 if spelled(word) == pron:
-                    mapped = "".join(c.lower() + "._" for c in word[:-1]) + word[-1].lower() + "."
-        if mapped is None:
+                    stem, suffix = word, "."
+        if stem is None:
             out.append(lex)
-        else:
-            mapping.append((word, mapped))
-            out.append(f"{mapped} {pron}")
-    # acronyms.map is `sort -u`-ed and read into a dict: for a repeated word the last line wins.
-    return out, dict(sorted(set(mapping)))
+            continue
+        mapped = "".join(c.lower() + "._" for c in stem[:-1]) + stem[-1].lower() + suffix
+        mapping.add(f"{word}\t{mapped}\t{' '.join(stem.lower())}{back}")
+        out.append(f"{mapped} {pron}")
+    return out, sorted(mapping)
 
 
 def _prepare_dict(dict_file: Path) -> tuple[DictDir, dict[str, str]]:
@@ -182,9 +184,12 @@ def _prepare_dict(dict_file: Path) -> tuple[DictDir, dict[str, str]]:
                 + [f"{letter} {pron}" for letter, pron in SINGLE_LETTERS.items()])
     lexicon3 = sorted({" ".join([map_word(line.split()[0])] + line.split()[1:])
                        for line in lexicon2})
-    lexicon4, acronyms = _acronyms(lexicon3)
+    lexicon4, acronyms_map = _acronyms(lexicon3)
     lexicon5 = sorted({line.lower() for line in ["i ay"] + lexicon4})
-    return DictDir(lexicon=lexicon5, nonsilence_phones=nonsilence), acronyms
+    # map_acronyms_transcripts.py reads the map into a dict: for a repeated word the last wins.
+    acronyms = {line.split("\t")[0]: line.split("\t")[1] for line in acronyms_map}
+    return (DictDir(lexicon=lexicon5, nonsilence_phones=nonsilence, acronyms=acronyms_map),
+            acronyms)
 
 
 def _map_acronyms(words: list[str], acronyms: dict[str, str]) -> list[str]:
