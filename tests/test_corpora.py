@@ -10,6 +10,7 @@ with the two decimals DataDir writes.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,7 @@ def test_swbd_text_as_kaldi_s5c(swbd):
                                      for line in SWBD_TEXT]
     assert sorted(train.wav) == ["sw02001-A", "sw02001-B", "sw02005-A", "sw02005-B"]
     assert train.wav["sw02005-B"].endswith(
-        "LDC97S62/swb1_d2/data/sw02005.sph - | /usr/bin/sox -t wav - -t wav - remix 2 |")
+        f"LDC97S62/swb1_d2/data/sw02005.sph - | {shutil.which('sox')} -t wav - -t wav - remix 2 |")
     assert train.reco2file_and_channel == {"sw02001-A": ("sw02001", "A"),
                                            "sw02001-B": ("sw02001", "B"),
                                            "sw02005-A": ("sw02005", "A"),
@@ -187,6 +188,13 @@ def test_swbd_subsets_as_kaldi(swbd):
         swbd.sets[name].validate(name)
         assert set(swbd.sets[name].wav) == {s.recording
                                             for s in swbd.sets[name].segments.values()}
+
+
+def test_swbd_transcripts_dir_itself():
+    # The ms98 directory may be given itself instead of the directory holding it.
+    corpus = prepare_swbd(SWBD / "LDC97S62", SWBD / "swb_ms98_transcriptions", dev_utts=2,
+                          max_dup=3, max_missing_audio=0)
+    assert _lines(corpus.sets["train"].text) == SWBD_TEXT
 
 
 @pytest.mark.parametrize("raw,mapped", [
@@ -318,8 +326,6 @@ def test_fisher_as_kaldi():
 
 def test_fisher_single_directory(tmp_path):
     # "We also support a single directory that has the contents of all of them."
-    import shutil
-
     for part in ("LDC2004T19", "LDC2005T19", "LDC2004S13", "LDC2005S13"):
         shutil.copytree(FISHER / part, tmp_path, dirs_exist_ok=True)
     d = prepare_fisher([tmp_path], expected_conversations=2)
