@@ -1,0 +1,112 @@
+"""STM reference transcripts (NIST segment time marks) and their GLM filtering.
+
+An STM line is ``<file> <channel> <speaker> <start> <end> [<labels>] <words...>``; lines starting
+with ``;;`` are comments (``;; LABEL ...`` headers).  Words in parentheses are optionally deletable,
+words with a leading or trailing ``-`` are fragments, and a segment whose text contains
+``IGNORE_TIME_SEGMENT_IN_SCORING`` is not scored (hypothesis words falling into it are dropped).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from asrtrain import AsrtrainError
+from asrtrain.score.glm import Glm, check_optional_parens, csr_filter_text
+
+
+@dataclass
+class StmSegment:
+    """One reference segment; ``text`` holds the words separated by single spaces."""
+
+    file: str
+    channel: str
+    speaker: str
+    start: float
+    end: float
+    labels: str
+    text: str
+    line: int = 0
+    source: str = ""
+
+
+def _number(field: str, path: Path | str, lineno: int, what: str) -> float:
+    try:
+        return float(field)
+    except ValueError:
+        raise AsrtrainError(f"{path}:{lineno}: STM {what} time {field!r} is not a number") from None
+
+
+def read_stm_lines(path: Path) -> list[tuple[int, str]]:
+    """The raw lines of an STM file with their line numbers (latin-1, newline stripped)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("latin-1")
+    except OSError as e:
+        raise AsrtrainError(f"cannot read STM file {path}: {e}") from e
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return list(enumerate(lines, start=1))
+
+
+def parse_stm_line(line: str, path: Path | str, lineno: int) -> StmSegment | None:
+    """Parse one STM line; ``None`` for comment and blank lines.  Malformed lines raise."""
+    stripped = line.strip()
+    if not stripped or stripped.startswith(";;"):
+        return None
+    fields = stripped.split()
+    if len(fields) < 5:
+        raise AsrtrainError(
+            f"{path}:{lineno}: STM line needs <file> <channel> <speaker> <start> <end> [<labels>] "
+            f"text, got {len(fields)} fields: {stripped!r}"
+        )
+    start = _number(fields[3], path, lineno, "start")
+    end = _number(fields[4], path, lineno, "end")
+    labels = ""
+    words = fields[5:]
+    if words and re.fullmatch(r"<\S+>", words[0]):
+        labels, words = words[0], words[1:]
+    return StmSegment(fields[0], fields[1], fields[2], start, end, labels, " ".join(words),
+                      lineno, str(path))
+
+
+def read_stm(path: Path) -> list[StmSegment]:
+    """Read an STM file into segments (file order); raises AsrtrainError naming file and line."""
+    segments = []
+    for lineno, line in read_stm_lines(path):
+        seg = parse_stm_line(line, path, lineno)
+        if seg is not None:
+            segments.append(seg)
+    return segments
+
+
+def sort_stm(segments: Iterable[StmSegment]) -> list[StmSegment]:
+    """hubscr.pl's sortSTM: by file and channel (string order), then start time, stably."""
+    return sorted(segments, key=lambda s: (s.file, s.channel, s.start))
+
+
+def filter_stm(segments: Iterable[StmSegment], glm: Glm) -> list[StmSegment]:
+    """Apply csrfilt.sh's reference filtering (GLM, upper case, hyphen split) to each segment."""
+    out = []
+    for seg in segments:
+        if not check_optional_parens(seg.text):
+            raise AsrtrainError(
+                f"{seg.source}:{seg.line}: badly formed optional-deletion parentheses in "
+                f"{seg.text!r}"
+            )
+        text = csr_filter_text(" " + seg.text + " ", glm)
+        out.append(StmSegment(seg.file, seg.channel, seg.speaker, seg.start, seg.end, seg.labels,
+                              text, seg.line, seg.source))
+    return out
+
+
+def format_stm(seg: StmSegment) -> str:
+    parts = [seg.file, seg.channel, seg.speaker, f"{seg.start:.2f}", f"{seg.end:.2f}"]
+    if seg.labels:
+        parts.append(seg.labels)
+    if seg.text:
+        parts.append(seg.text)
+    return " ".join(parts)
