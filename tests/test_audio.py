@@ -13,7 +13,13 @@ import pytest
 import soundfile
 
 from asrtrain import AsrtrainError
-from asrtrain.data.audio import iter_utterances, read_recording, sphere_side_command
+from asrtrain.data.audio import (
+    _sphere_side,
+    iter_utterances,
+    read_recording,
+    run_pipe,
+    sphere_side_command,
+)
 from asrtrain.data.datadir import DataDir, Segment
 
 SPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sph"
@@ -51,9 +57,16 @@ def test_sphere_side_pipe_matches_sph2pipe_and_kaldiio(sph, tmp_path):
     assert Path(sys.executable).parent.as_posix() in lines[0] or shutil.which("sph2wav")
     table = kaldiio.load_scp(str(scp))
     for c in range(ref.shape[0]):
-        samples, rate = read_recording(lines[c].split(" ", 1)[1])
+        spec = lines[c].split(" ", 1)[1]
+        # read_recording decodes this form in-process ...
+        assert _sphere_side(spec.rstrip("|")) == (sph, c + 1)
+        samples, rate = read_recording(spec)
         assert rate == 20000 and samples.shape == (1, ref.shape[1])
         np.testing.assert_array_equal(samples[0], ref[c].astype(np.float32))
+        # ... which must equal running the command, as Kaldi and kaldiio do.
+        piped, rate = run_pipe(spec.rstrip("|"))
+        assert rate == 20000 and piped.shape == (ref.shape[1], 1)
+        np.testing.assert_array_equal(piped[:, 0] * 32768, ref[c].astype(np.float64))
         k_rate, k_samples = table[f"side{c + 1}"]
         assert k_rate == 20000
         np.testing.assert_array_equal(k_samples, ref[c])
@@ -65,6 +78,16 @@ def test_failing_pipe_names_command_and_stderr():
     assert "exit status 3" in str(e.value)
     assert "echo no such conversation" in str(e.value)
     assert "no such conversation" in str(e.value).splitlines()[-1]
+
+
+def test_sphere_side_form_errors(tmp_path):
+    with pytest.raises(AsrtrainError, match="gone.sph: audio file not found"):
+        read_recording(sphere_side_command(tmp_path / "gone.sph", 1))
+    mono = SPH_DIR / "123_1ulaw_shn.sph"
+    with pytest.raises(AsrtrainError, match="has 1 channels, wav.scp asks for channel 2"):
+        read_recording(sphere_side_command(mono, 2))
+    # Any other command runs as a pipe.
+    assert _sphere_side(f"sph2wav {mono} - | sox -t wav - -t wav - remix 1 vol 2") is None
 
 
 def test_missing_and_unreadable_files_named(tmp_path):

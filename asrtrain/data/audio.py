@@ -71,23 +71,73 @@ def _read_sphere(path: Path) -> tuple[np.ndarray, int]:
     return _decode_wav_bytes(wav, str(path))
 
 
+def _sphere_side(command: str) -> tuple[Path, int] | None:
+    """``(sph, channel)`` if ``command`` is exactly what :func:`sphere_side_command` writes."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if (len(words) == 13 and Path(words[0]).name == "sph2wav" and words[2:4] == ["-", "|"]
+            and Path(words[4]).name == "sox"
+            and words[5:12] == ["-t", "wav", "-", "-t", "wav", "-", "remix"]
+            and words[12].isdigit() and int(words[12]) >= 1):
+        return Path(words[1]), int(words[12])
+    return None
+
+
+# The last SPHERE file decoded in-process: sides A and B of a conversation are two recordings
+# read one after the other, and decoding (shorten especially) is the costly part.
+_last_sphere: tuple[tuple, np.ndarray, int] | None = None
+
+
+def _read_sphere_cached(path: Path) -> tuple[np.ndarray, int]:
+    global _last_sphere
+    if not path.is_file():
+        raise AsrtrainError(f"{path}: audio file not found")
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if _last_sphere is None or _last_sphere[0] != key:
+        samples, rate = _read_sphere(path)
+        _last_sphere = (key, samples, rate)
+    return _last_sphere[1], _last_sphere[2]
+
+
+def run_pipe(command: str) -> tuple[np.ndarray, int]:
+    """Run a wav.scp command and read the WAV it writes: ``(samples [samples, channels], rate)``.
+
+    soundfile's float scale (1.0 = 32768).
+    """
+    proc = subprocess.run(command, shell=True, capture_output=True, env=_tool_env())
+    if proc.returncode != 0:
+        stderr = proc.stderr.decode("utf-8", "replace").strip()
+        raise AsrtrainError(f"wav.scp command failed with exit status {proc.returncode}: "
+                            f"{command}\n{stderr}")
+    if not proc.stdout:
+        raise AsrtrainError(f"wav.scp command wrote no audio: {command}")
+    return _decode_wav_bytes(proc.stdout, f"wav.scp command {command!r}")
+
+
 def read_recording(spec: str) -> tuple[np.ndarray, int]:
     """Read a wav.scp value; return ``(samples [channels, samples] float32, int16 scale, rate)``.
 
     ``spec`` is a file path or a pipe ``<command> |``. A failing command raises
-    :class:`AsrtrainError` naming the command and quoting its stderr.
+    :class:`AsrtrainError` naming the command and quoting its stderr. The SPHERE side form the
+    corpus preparers write (``sph2wav x.sph - | sox ... remix N |``) is decoded in-process, with
+    the same result as running it (tests check both) but without two processes per side and
+    without decoding a conversation twice for its two sides.
     """
     spec = spec.strip()
     if spec.endswith("|"):
         command = spec[:-1].strip()
-        proc = subprocess.run(command, shell=True, capture_output=True, env=_tool_env())
-        if proc.returncode != 0:
-            stderr = proc.stderr.decode("utf-8", "replace").strip()
-            raise AsrtrainError(f"wav.scp command failed with exit status {proc.returncode}: "
-                                f"{command}\n{stderr}")
-        if not proc.stdout:
-            raise AsrtrainError(f"wav.scp command wrote no audio: {command}")
-        samples, rate = _decode_wav_bytes(proc.stdout, f"wav.scp command {command!r}")
+        side = _sphere_side(command)
+        if side is not None:
+            both, rate = _read_sphere_cached(side[0])
+            if side[1] > both.shape[1]:
+                raise AsrtrainError(f"{side[0]}: has {both.shape[1]} channels, wav.scp asks for "
+                                    f"channel {side[1]} ({command})")
+            samples = both[:, side[1] - 1:side[1]]
+        else:
+            samples, rate = run_pipe(command)
     else:
         path = Path(spec)
         if not path.is_file():
