@@ -26,8 +26,10 @@ from asrtrain.align.train import import_kaldi_alignment, train_mono, train_tri
 from asrtrain.align.tree import TreeStats, build_tree, cluster_phones
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.data.datadir import DataDir
+from asrtrain.decode.graph import decode_gmm, make_graph
 from asrtrain.features.extract import FeatureOptions, compute_features
 from asrtrain.lang.lexicon import Lang, prepare_lang
+from asrtrain.lang.ngram import train_lm
 
 WORDS = ("one two three four five six seven eight nine zero yes no hello world the cat dog "
          "sat on mat big red blue green house").split()
@@ -300,3 +302,28 @@ def test_gmm_mixup_and_update_keep_a_valid_model() -> None:
     assert stats.loglike > before + 300                 # two clusters found
     assert torch.logsumexp(gmm.log_weights, -1).item() == pytest.approx(0.0, abs=1e-9)
     assert sorted(gmm.means[0, :, 0].tolist()) == pytest.approx([-3, 3], abs=0.3)
+
+
+def test_decode_mono_and_tri_with_hclg(corpus, mono, tri1) -> None:
+    """HCLG per model, decoded on held-out sentences: words, a CTM inside each utterance."""
+    root = corpus["root"]
+    data = DataDir.read(corpus["train"])
+    train_lm(list(data.text.values()), corpus["lang"], root / "lm", order=3)
+    test = DataDir.read(corpus["test"])
+    for name, model_dir, max_wer in (("mono", mono, 40.0), ("tri1", tri1, 40.0)):
+        info = make_graph(corpus["lang"], root / "lm", model_dir, root / f"graph_{name}")
+        assert info["num_pdfs"] == AcousticModel.load(model_dir).num_pdfs
+        out = root / f"decode_{name}"
+        summary = decode_gmm(model_dir, root / f"graph_{name}", corpus["test"], out,
+                             {"acoustic_scales": [1 / 12]})
+        assert summary["wer"] < max_wer, summary
+        hyp = dict(line.split(" ", 1) for line in (out / "hyp.txt").read_text().splitlines()
+                   if " " in line)
+        assert len(hyp) > len(test.utts) // 2
+        ctm = [line.split() for line in (out / "hyp.ctm").read_text().splitlines()]
+        assert sum(len(h.split()) for h in hyp.values()) == len(ctm)
+        for file, channel, start, dur, word in ctm:
+            assert channel == "1" and file in test.utt2spk
+            assert 0 <= float(start) and float(start) + float(dur) <= \
+                test.utt2num_frames[file] * 0.01 + 0.02
+            assert word in hyp[file].split()

@@ -86,6 +86,25 @@ class HmmGraph:
         return len(self.pdf)
 
 
+def scale_transitions(log_trans: dict[int, np.ndarray], self_loop_scale: float = 0.1,
+                      transition_scale: float = 1.0) -> dict[int, np.ndarray]:
+    """Kaldi's graph scales: a self-loop gets ``self_loop_scale * log p``; the other arcs of a
+    state ``transition_scale * log(q / (1 - p)) + self_loop_scale * log(1 - p)``."""
+    scaled: dict[int, np.ndarray] = {}
+    for phone, lt in log_trans.items():
+        m = np.full_like(lt, -np.inf)
+        for s in range(lt.shape[0]):
+            p_loop = math.exp(lt[s, s])
+            rest = math.log(max(1.0 - p_loop, 1e-10))
+            for d in range(lt.shape[1]):
+                if d == s:
+                    m[s, d] = self_loop_scale * lt[s, s]
+                elif lt[s, d] > -np.inf:
+                    m[s, d] = transition_scale * (lt[s, d] - rest) + self_loop_scale * rest
+        scaled[phone] = m
+    return scaled
+
+
 PdfOf = Callable[[int, int, int, int], int]   # (left, phone, right, pdf_class) -> pdf id
 
 
@@ -123,18 +142,7 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
     for arc_i, left, right in cd_nodes:
         rights_of.setdefault((arc_i, left), []).append(right)
 
-    scaled: dict[int, np.ndarray] = {}
-    for phone, lt in log_trans.items():
-        m = np.full_like(lt, -np.inf)
-        for s in range(lt.shape[0]):
-            p_loop = math.exp(lt[s, s])
-            rest = math.log(max(1.0 - p_loop, 1e-10))
-            for d in range(lt.shape[1]):
-                if d == s:
-                    m[s, d] = self_loop_scale * lt[s, s]
-                elif lt[s, d] > -np.inf:
-                    m[s, d] = transition_scale * (lt[s, d] - rest) + self_loop_scale * rest
-        scaled[phone] = m
+    scaled = scale_transitions(log_trans, self_loop_scale, transition_scale)
 
     pdf, phones, hstate, word, first = [], [], [], [], []
     for arc_i, left, right in cd_nodes:

@@ -1,0 +1,248 @@
+"""HCLG decoding graphs for GMM (and hybrid) models, and GMM decoding with kaldi-decoder.
+
+``make_graph`` follows Kaldi's ``utils/mkgraph.sh`` with kaldifst: LG = min(det(L_disambig o G));
+CLG = C o LG with the triphone context (``compose_context``, which also returns what each CLG input
+label means: a phone window ``[left, phone, right]`` or a disambiguation symbol); H maps each
+window to the HMM of its phone, every arc labelled with the *transition state* it enters
+(``(phone, hmm_state, pdf)``, numbered from 1), weighted with the trained transition
+probabilities under Kaldi's scales (transition 1.0, self-loop 0.1).  HCLG = min(det(H o CLG))
+with the disambiguation symbols removed after determinization.  Unlike Kaldi, H already contains
+the self-loops (no separate add-self-loops step): labels that identify (phone, state) keep the
+determinization well defined because equal label cycles carry equal weights; the cost is a larger
+determinization, fine for the tiny and 300 h vocabularies, to revisit for very large graphs.
+
+``decode_gmm`` scores frames with the GMMs (pdf log-likelihoods gathered to transition states),
+decodes with kaldi-decoder's FasterDecoder, and times the words by aligning the decoded
+transcript with the training-graph aligner (exact word boundaries, like Kaldi's lattice word
+alignment); it writes ``hyp.txt``, ``hyp.ctm`` and ``wer.json`` (WER against the data dir's
+``text`` per acoustic scale; the best scale is kept, as Kaldi's scoring picks the best LM weight).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import kaldi_decoder
+import kaldialign
+import kaldifst
+import numpy as np
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.align.graph import scale_transitions
+from asrtrain.align.model import AcousticModel, Utterance, align, load_data
+from asrtrain.data.datadir import DataDir
+from asrtrain.decode.ctc import TimedWord, write_ctm
+from asrtrain.fileio import atomic_dir, write_text
+from asrtrain.lang.lexicon import Lang
+from asrtrain.lang.phones import SymbolTable
+
+log = logging.getLogger(__name__)
+
+
+def _relabel_copy(fst: kaldifst.StdVectorFst, imap: dict[int, int]) -> kaldifst.StdVectorFst:
+    """A copy of ``fst`` with input labels mapped by ``imap`` (others unchanged)."""
+    out = kaldifst.StdVectorFst()
+    for _ in range(fst.num_states):
+        out.add_state()
+    out.start = fst.start
+    for s in kaldifst.StateIterator(fst):
+        out.set_final(s, fst.final(s))
+        for a in kaldifst.ArcIterator(fst, s):
+            out.add_arc(s, kaldifst.StdArc(imap.get(a.ilabel, a.ilabel), a.olabel, a.weight,
+                                           a.nextstate))
+    return out
+
+
+def make_h(model: AcousticModel, ilabels: list[list[int]], self_loop_scale: float,
+           transition_scale: float) -> tuple[kaldifst.StdVectorFst, list[tuple[int, int, int]],
+                                             set[int]]:
+    """H for the CLG input labels: returns H, the transition states (phone, hmm_state, pdf) in
+    label order (label = index + 1), and H's disambiguation input labels."""
+    scaled = scale_transitions(model.log_trans, self_loop_scale, transition_scale)
+    tstates: dict[tuple[int, int, int], int] = {}
+
+    def label(phone: int, s: int, pdf: int) -> int:
+        return tstates.setdefault((phone, s, pdf), len(tstates) + 1)
+
+    arcs: list[tuple[int, int, int, float, int]] = []     # src ilabel olabel cost dst
+    disambig_out: list[int] = []
+    num_states = 1                                          # 0: start and final
+    for olabel, window in enumerate(ilabels):
+        if olabel == 0:
+            continue
+        if len(window) != 3 or window[1] <= 0:             # #-1 ([0]) or #k ([-k])
+            disambig_out.append(olabel)
+            continue
+        left, phone, right = window
+        m = scaled[phone]
+        n = m.shape[0]
+        first = num_states
+        num_states += n
+        pdfs = [model.tree.pdf(left, phone, right, s) for s in range(n)]
+        arcs.append((0, label(phone, 0, pdfs[0]), olabel, 0.0, first))
+        for s in range(n):
+            for d in range(n + 1):
+                if not np.isfinite(m[s, d]):
+                    continue
+                if d == n:
+                    arcs.append((first + s, 0, 0, -float(m[s, d]), 0))
+                else:
+                    arcs.append((first + s, label(phone, d, pdfs[d]), 0, -float(m[s, d]),
+                                 first + d))
+    h = kaldifst.StdVectorFst()
+    for _ in range(num_states):
+        h.add_state()
+    h.start = 0
+    h.set_final(0, 0.0)
+    for src, il, ol, cost, dst in arcs:
+        h.add_arc(src, kaldifst.StdArc(il, ol, cost, dst))
+    disambig_in = set()
+    for k, olabel in enumerate(disambig_out):
+        il = len(tstates) + 1 + k
+        disambig_in.add(il)
+        h.add_arc(0, kaldifst.StdArc(il, olabel, 0.0, 0))
+    kaldifst.arcsort(h, sort_type="olabel")
+    order = sorted(tstates, key=tstates.__getitem__)
+    return h, order, disambig_in
+
+
+def make_graph(lang_dir: Path, lm_dir: Path, model_dir: Path, graph_dir: Path,
+               self_loop_scale: float = 0.1, transition_scale: float = 1.0) -> dict:
+    """Build ``graph_dir/HCLG.fst`` (with ``tstates.txt``, ``words.txt``, ``info.json``)."""
+    lang_dir, lm_dir, graph_dir = Path(lang_dir), Path(lm_dir), Path(graph_dir)
+    for f in (lang_dir / "L_disambig.fst", lm_dir / "G.fst"):
+        if not f.is_file():
+            raise AsrtrainError(f"{f}: missing; run the lang and lm stages first")
+    t0 = time.time()
+    lang = Lang.read(lang_dir)
+    model = AcousticModel.load(model_dir)
+    L = kaldifst.StdVectorFst.read(str(lang_dir / "L_disambig.fst"))
+    G = kaldifst.StdVectorFst.read(str(lm_dir / "G.fst"))
+    kaldifst.arcsort(L, sort_type="olabel")
+    LG = kaldifst.compose(L, G)
+    kaldifst.determinize_star(LG)
+    kaldifst.minimize_encoded(LG)
+    CLG, ilabels = kaldifst.compose_context(lang.phones.disambig_ids, 3, 1, LG)
+    kaldifst.arcsort(CLG, sort_type="ilabel")
+    H, tstates, disambig_in = make_h(model, ilabels, self_loop_scale, transition_scale)
+    HCLG = kaldifst.compose(H, CLG)
+    kaldifst.determinize_star(HCLG)
+    HCLG = _relabel_copy(HCLG, dict.fromkeys(disambig_in, 0))
+    kaldifst.rmepsilon(HCLG)
+    kaldifst.minimize_encoded(HCLG)
+    kaldifst.arcsort(HCLG, sort_type="ilabel")
+    info = {"lang_dir": str(lang_dir.resolve()), "model_dir": str(Path(model_dir).resolve()),
+            "num_tstates": len(tstates), "num_pdfs": model.num_pdfs,
+            "LG_states": LG.num_states, "CLG_states": CLG.num_states,
+            "HCLG_states": HCLG.num_states, "HCLG_arcs": sum(
+                HCLG.num_arcs(s) for s in range(HCLG.num_states)),
+            "seconds": round(time.time() - t0, 2)}
+    with atomic_dir(graph_dir) as tmp:
+        HCLG.write(str(tmp / "HCLG.fst"))
+        write_text(tmp / "tstates.txt", "".join(f"{i + 1} {p} {s} {pdf}\n"
+                                                for i, (p, s, pdf) in enumerate(tstates)))
+        shutil.copy(lang_dir / "words.txt", tmp / "words.txt")
+        write_text(tmp / "info.json", json.dumps(info, indent=1) + "\n")
+    log.info("graph %s: %s", graph_dir, info)
+    return info
+
+
+def _read_tstates(graph_dir: Path) -> np.ndarray:
+    rows = [ln.split() for ln in (graph_dir / "tstates.txt").read_text().splitlines()]
+    return np.array([int(r[3]) for r in rows], dtype=np.int64)
+
+
+def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
+               cfg: Mapping | None = None) -> dict:
+    """Decode ``data_dir`` with the GMM model and HCLG graph; see the module docstring.
+
+    ``cfg``: ``acoustic_scales`` (list, default [1/12, 0.1]), ``beam`` (13), ``max_active``
+    (7000), ``self_loop_scale``/``transition_scale`` for the timing alignment, ``device``."""
+    cfg = dict(cfg or {})
+    model_dir, graph_dir, out_dir = Path(model_dir), Path(graph_dir), Path(out_dir)
+    info = json.loads((graph_dir / "info.json").read_text())
+    lang = Lang.read(Path(info["lang_dir"]))
+    model = AcousticModel.load(model_dir)
+    if info["num_pdfs"] != model.num_pdfs:
+        raise AsrtrainError(f"{graph_dir}: built for {info['num_pdfs']} pdfs, the model in "
+                            f"{model_dir} has {model.num_pdfs}; rebuild the graph")
+    words = SymbolTable.read(graph_dir / "words.txt")
+    tstate_pdf = torch.from_numpy(_read_tstates(graph_dir))
+    hclg = kaldifst.StdVectorFst.read(str(graph_dir / "HCLG.fst"))   # referenced while decoding
+    opts = kaldi_decoder.FasterDecoderOptions()
+    opts.beam = float(cfg.get("beam", 13.0))
+    opts.max_active = int(cfg.get("max_active", 7000))
+    decoder = kaldi_decoder.FasterDecoder(hclg, opts)
+    utts, skipped = load_data(data_dir, lang, model.delta_order)
+    data = DataDir.read(data_dir)
+    device = torch.device(cfg.get("device", "cpu"))
+    gmm = model.gmm.to(device)
+    t0 = time.time()
+    pdf_ll = {u.utt: gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu() for u in utts}
+    frames = sum(len(u.feats) for u in utts)
+    results = {}
+    for scale in cfg.get("acoustic_scales", [1 / 12, 0.1]):
+        hyps = {}
+        for u in utts:
+            ll = (pdf_ll[u.utt][:, tstate_pdf] * scale).numpy().astype(np.float32)
+            decodable = kaldi_decoder.DecodableCtc(ll)
+            decoder.decode(decodable)
+            ok, lat = decoder.get_best_path(use_final_probs=True)
+            if not ok:
+                ok, lat = decoder.get_best_path(use_final_probs=False)
+            hyp: list[str] = []
+            if ok:
+                _, _, olabels, _ = kaldifst.get_linear_symbol_sequence(lat)
+                hyp = [words.id2sym[o] for o in olabels]
+            hyps[u.utt] = hyp
+        errs = {"ins": 0, "del": 0, "sub": 0, "ref_words": 0}
+        for utt, hyp in hyps.items():
+            e = kaldialign.edit_distance(data.text.get(utt, "").split(), hyp)
+            for k in ("ins", "del", "sub"):
+                errs[k] += e[k]
+            errs["ref_words"] += e["ref_len"]
+        errs["wer"] = 100.0 * (errs["ins"] + errs["del"] + errs["sub"]) / max(
+            errs["ref_words"], 1)
+        results[f"{scale:.4f}"] = (errs, hyps)
+    decode_seconds = time.time() - t0
+    best_key = min(results, key=lambda k: results[k][0]["wer"])
+    best_errs, best_hyps = results[best_key]
+    timed = time_words(model, lang, utts, best_hyps, cfg)
+    summary = {"best_acoustic_scale": float(best_key), "wer": best_errs["wer"],
+               "per_scale": {k: v[0] for k, v in results.items()}, "utterances": len(utts),
+               "skipped": sorted(skipped), "frames": frames,
+               "decode_seconds": round(decode_seconds, 2),
+               "real_time_factor": round(decode_seconds / max(frames * 0.01, 1e-9), 3)}
+    with atomic_dir(out_dir) as tmp:
+        write_text(tmp / "hyp.txt", "".join(f"{u} {' '.join(best_hyps[u])}\n"
+                                             for u in sorted(best_hyps)))
+        write_ctm(tmp / "hyp.ctm", timed, data)
+        write_text(tmp / "wer.json", json.dumps(summary, indent=1) + "\n")
+    log.info("decode %s: WER %.2f%% (acoustic scale %s)", out_dir, best_errs["wer"], best_key)
+    return summary
+
+
+def time_words(model: AcousticModel, lang: Lang, utts: list[Utterance],
+               hyps: dict[str, list[str]], cfg: Mapping) -> dict[str, list[TimedWord]]:
+    """Word start and duration from a forced alignment of each hypothesis."""
+    todo = [Utterance(u.utt, hyps[u.utt], u.feats) for u in utts if hyps.get(u.utt)]
+    res = align(model, lang, todo, cfg) if todo else None
+    out: dict[str, list[TimedWord]] = {}
+    for u in todo:
+        wi = res.words.get(u.utt)
+        if wi is None:
+            log.warning("could not time the hypothesis of %s; no CTM lines", u.utt)
+            continue
+        words = []
+        for k, w in enumerate(u.words):
+            frames = np.nonzero(wi == k)[0]
+            if len(frames):
+                words.append(TimedWord(w, frames[0] * 0.01, len(frames) * 0.01))
+        out[u.utt] = words
+    return out
