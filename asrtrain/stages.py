@@ -59,8 +59,8 @@ def stage_features(cfg: DictConfig, paths: Paths) -> None:
     from asrtrain.features import FeatureOptions, compute_features
 
     opts = FeatureOptions.from_config(cfg.features)
-    for name in _sets(cfg):
-        compute_features(paths.data / name, paths.exp / "feats", opts, nj=int(cfg.nj))
+    compute_features([paths.data / name for name in _sets(cfg)], paths.exp / "feats", opts,
+                     nj=int(cfg.nj))
 
 
 def train_dir(cfg: DictConfig, paths: Paths) -> Path:

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir, write_table
+from asrtrain.data.datadir import DataDir, read_table, write_table
 from asrtrain.features.transform import cmvn_stats
 
 log = logging.getLogger(__name__)
@@ -104,34 +104,63 @@ def _extract_job(args: tuple) -> tuple[int, int, float]:
     return job, frames, time.time() - t0
 
 
-def compute_features(data_dir: str | Path, feats_dir: str | Path, opts: FeatureOptions,
-                     nj: int = 2) -> dict[str, float]:
-    """Extract features for every utterance of ``data_dir``; return throughput figures."""
-    data_dir, feats_dir = Path(data_dir), Path(feats_dir).resolve()
-    data = DataDir.read(data_dir)
+def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | Path,
+                     opts: FeatureOptions, nj: int = 2) -> dict[str, float]:
+    """Extract features for every utterance of one or more data dirs; return throughput figures.
+
+    All data dirs share one pool of ``nj`` worker processes (starting one costs seconds).
+    """
+    dirs = [Path(d) for d in (data_dirs if isinstance(data_dirs, list) else [data_dirs])]
+    feats_dir = Path(feats_dir).resolve()
     feats_dir.mkdir(parents=True, exist_ok=True)
-    name = data_dir.name
-    # Split by recording so that each job reads each of its recordings once.
-    recos = sorted({data.segments[u].recording for u in data.utts} if data.segments else data.utts)
-    nj = max(1, min(nj, len(recos)))
+    plans = [(d, DataDir.read(d)) for d in dirs]
     jobs = []
-    for j in range(nj):
-        mine = set(recos[j::nj])
-        utts = [u for u in data.utts
-                if (data.segments[u].recording if data.segments else u) in mine]
-        ark = str(feats_dir / f"raw_{opts.kind}_{name}.{j + 1}.ark")
-        jobs.append((data.subset(utts), opts, ark, j + 1, j == 0))
+    for data_dir, data in plans:
+        # Split by audio file, so that each job decodes each of its files once (both sides of
+        # a conversation, recordings sw02001-A and sw02001-B, go to the same job).
+        file_of = {u: _audio_file(data, u) for u in data.utts}
+        files = sorted(set(file_of.values()))
+        for j in range(max(1, min(nj, len(files)))):
+            mine = set(files[j::nj])
+            utts = [u for u in data.utts if file_of[u] in mine]
+            ark = str(feats_dir / f"raw_{opts.kind}_{data_dir.name}.{j + 1}.ark")
+            jobs.append((data.subset(utts), opts, ark, j + 1, False))
     t0 = time.time()
-    if nj == 1:
-        results = [_extract_job(jobs[0])]
+    workers = max(1, min(nj, len(jobs)))
+    if workers == 1:
+        results = [_extract_job(job) for job in jobs]
     else:
-        with mp.get_context("spawn").Pool(nj) as pool:
-            results = pool.map(_extract_job, jobs)
-    frames = sum(r[1] for r in results)
+        with mp.get_context("spawn").Pool(workers) as pool:
+            results = []
+            with tqdm(total=len(jobs), desc=f"{opts.kind} jobs", unit="job") as bar:
+                for r in pool.imap_unordered(_extract_job, jobs):
+                    results.append(r)
+                    bar.update()
     elapsed = time.time() - t0
+    figures = {"utterances": 0, "frames": sum(r[1] for r in results), "seconds": elapsed,
+               "frames_per_second": sum(r[1] for r in results) / max(elapsed, 1e-9)}
+    for data_dir, data in plans:
+        mine = [job for job in jobs if Path(job[2]).name.startswith(
+            f"raw_{opts.kind}_{data_dir.name}.")]
+        figures["utterances"] += _finish(data_dir, data, mine, feats_dir, opts)
+    log.info("%d utterances, %d frames of %s in %.1f s (%.0f frames/s, %d processes)",
+             figures["utterances"], figures["frames"], opts.kind, elapsed,
+             figures["frames_per_second"], workers)
+    return figures
+
+
+def _audio_file(data: DataDir, utt: str) -> str:
+    reco = data.segments[utt].recording if data.segments else utt
+    return data.reco2file_and_channel.get(reco, (reco, ""))[0]
+
+
+def _finish(data_dir: Path, data: DataDir, jobs: list, feats_dir: Path,
+            opts: FeatureOptions) -> int:
+    """Merge the jobs' scps of one data dir, compute its CMVN stats, write its tables."""
+    name = data_dir.name
     feats: dict[str, str] = {}
     for _, _, ark, _, _ in jobs:
-        feats.update(_read_scp(ark[:-4] + ".scp"))
+        feats.update(read_table(ark[:-4] + ".scp"))
     missing = set(data.utts) - set(feats)
     if missing:
         raise AsrtrainError(f"{data_dir}: no features for {len(missing)} utterances, "
@@ -150,25 +179,11 @@ def compute_features(data_dir: str | Path, feats_dir: str | Path, opts: FeatureO
             w(spk, cmvn_stats(mats))
     os.replace(f"{cmvn_ark}.tmp", cmvn_ark)
     cmvn = {k: v.replace(f"{cmvn_ark}.tmp", str(cmvn_ark))
-            for k, v in _read_scp(f"{cmvn_ark.with_suffix('.scp')}.tmp").items()}
+            for k, v in read_table(f"{cmvn_ark.with_suffix('.scp')}.tmp").items()}
     os.unlink(f"{cmvn_ark.with_suffix('.scp')}.tmp")
     write_table(data_dir / "feats.scp", feats)
     write_table(data_dir / "utt2num_frames", {u: str(n) for u, n in utt2num_frames.items()})
     write_table(data_dir / "cmvn.scp", cmvn)
-    figures = {"utterances": len(feats), "frames": frames, "seconds": elapsed,
-               "frames_per_second": frames / max(elapsed, 1e-9),
-               "dim": dim}
-    log.info("%s: %d utterances, %d frames of %d-dim %s in %.1f s (%.0f frames/s, %d jobs)",
-             data_dir, len(feats), frames, figures["dim"], opts.kind, elapsed,
-             figures["frames_per_second"], nj)
-    return figures
-
-
-def _read_scp(path: str | Path) -> dict[str, str]:
-    out = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            key, _, value = line.strip().partition(" ")
-            if key:
-                out[key] = value
-    return out
+    log.info("%s: %d utterances, %d frames of %d-dim %s", data_dir, len(feats),
+             sum(utt2num_frames.values()), dim, opts.kind)
+    return len(feats)
