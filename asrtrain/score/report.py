@@ -35,6 +35,12 @@ def _fmt_values(values: list[float], as_int: bool) -> str:
     return first + " " + " ".join(rest)
 
 
+def _centre(text: str, width: int) -> str:
+    # sclite puts the odd padding space on the right
+    left = max(0, (width - len(text)) // 2)
+    return " " * left + text + " " * max(0, width - len(text) - left)
+
+
 def summary_table(result: SystemResult, percent: bool) -> str:
     """The ``.sys`` (percent=True) or ``.raw`` (percent=False) table."""
     names = sorted(result.speakers)
@@ -47,7 +53,7 @@ def summary_table(result: SystemResult, percent: bool) -> str:
     lines = ["", "", "",
              "SYSTEM SUMMARY PERCENTAGES by SPEAKER".center(80), "",
              "," + "-" * inner + ".",
-             "|" + title.center(inner) + "|",
+             "|" + _centre(title, inner) + "|",
              "|" + "-" * inner + "|",
              header,
              rule_top]

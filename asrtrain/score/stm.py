@@ -110,3 +110,13 @@ def format_stm(seg: StmSegment) -> str:
     if seg.text:
         parts.append(seg.text)
     return " ".join(parts)
+
+
+def fix_eval2000_stm_line(line: str) -> str:
+    """Kaldi's eval2000_data_prep.sh fixes to LDC2002T43's STM before hubscr.pl sees it.
+
+    ``sed -e 's:((:(:' -e 's:<B_ASIDE>::g' -e 's:<E_ASIDE>::g'``: a doubled opening parenthesis
+    (first one per line) upsets csrfilt.sh's optional-deletion check, and the aside markers would
+    otherwise be scored as words.
+    """
+    return line.replace("((", "(", 1).replace("<B_ASIDE>", "").replace("<E_ASIDE>", "")
