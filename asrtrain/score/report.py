@@ -7,6 +7,7 @@ numbers sclite prints.  sclite's NCE column (confidence entropy) is not produced
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -27,12 +28,16 @@ def _row_values(c: Counts, percent: bool) -> list[float]:
     return [c.corr, c.sub, c.dels, c.ins, c.err, c.sent_err]
 
 
+def _f1(value: float, width: int) -> str:
+    """One decimal, rounding halves up as sclite does (6.25 -> 6.3, where printf gives 6.2)."""
+    return f"{math.floor(value * 10 + 0.5) / 10:{width}.1f}"
+
+
 def _fmt_values(values: list[float], as_int: bool) -> str:
+    # sclite: "%5.1f" then " %6.1f" (so 100.0 touches the bar, as in sclite's own tables)
     if as_int:
-        first, rest = f"{int(values[0]):4d}", [f"{int(v):6d}" for v in values[1:]]
-    else:
-        first, rest = f"{values[0]:4.1f}", [f"{v:6.1f}" for v in values[1:]]
-    return first + " " + " ".join(rest)
+        return f"{int(values[0]):5d}" + "".join(f" {int(v):6d}" for v in values[1:])
+    return _f1(values[0], 5) + "".join(" " + _f1(v, 6) for v in values[1:])
 
 
 def _centre(text: str, width: int) -> str:
@@ -45,39 +50,34 @@ def summary_table(result: SystemResult, percent: bool) -> str:
     """The ``.sys`` (percent=True) or ``.raw`` (percent=False) table."""
     names = sorted(result.speakers)
     total = result.total
-    width = max([len(n) for n in names] + [len("Sum/Avg"), len("SPKR")])
+    label = "Sum/Avg" if percent else "Sum"
+    width = max([len(n) for n in names] + [len("SPKR"), len(label) - 1])
     header = f"| {'SPKR':<{width}} | # Snt # Wrd | Corr    Sub    Del    Ins    Err  S.Err |"
     inner = len(header) - 2
-    title = result.title
-    rule_top = f"|-{'-' * width}-+-------------+-----------------------------------------|"
-    lines = ["", "", "",
-             "SYSTEM SUMMARY PERCENTAGES by SPEAKER".center(80), "",
-             "," + "-" * inner + ".",
-             "|" + _centre(title, inner) + "|",
-             "|" + "-" * inner + "|",
-             header,
-             rule_top]
     rule = f"|-{'-' * width}-+-------------+-----------------------------------------|"
+
+    def row(name: str, c: Counts) -> str:
+        cell = (" " + name).ljust(width + 2)
+        return (f"|{cell}|{c.segments:5d} {c.ref_words:6d} |"
+                f"{_fmt_values(_row_values(c, percent), not percent)} |")
+
+    lines = ["", "", "", "SYSTEM SUMMARY PERCENTAGES by SPEAKER".center(80), "",
+             "," + "-" * inner + ".", "|" + _centre(result.title, inner) + "|",
+             "|" + "-" * inner + "|", header, rule]
     for i, name in enumerate(names):
-        c = result.speakers[name]
-        lines.append(f"| {name:<{width}} | {c.segments:4d} {c.ref_words:6d} | "
-                     f"{_fmt_values(_row_values(c, percent), not percent)} |")
+        lines.append(row(name, result.speakers[name]))
         if i != len(names) - 1:
             lines.append(rule)
-    lines.append("|" + "=" * inner + "|")
-    label = "Sum/Avg" if percent else "Sum"
-    lines.append(f"| {label:<{width}} | {total.segments:4d} {total.ref_words:6d} | "
-                 f"{_fmt_values(_row_values(total, percent), not percent)} |")
-    lines.append("|" + "=" * inner + "|")
+    lines += ["|" + "=" * inner + "|", row(label, total), "|" + "=" * inner + "|"]
     if names:
         cols = [[float(result.speakers[n].segments), float(result.speakers[n].ref_words),
                  *map(float, _row_values(result.speakers[n], percent))] for n in names]
-        for label, fn in (("Mean", statistics.fmean),
-                          ("S.D.", lambda v: statistics.stdev(v) if len(v) > 1 else 0.0),
-                          ("Median", statistics.median)):
-            vals = [fn([row[j] for row in cols]) for j in range(8)]
-            lines.append(f"| {label:^{width}} | {vals[0]:4.1f} {vals[1]:6.1f} | "
-                         f"{vals[2]:4.1f} " + " ".join(f"{v:6.1f}" for v in vals[3:]) + " |")
+        for stat, fn in (("Mean", statistics.fmean),
+                         ("S.D.", lambda v: statistics.stdev(v) if len(v) > 1 else 0.0),
+                         ("Median", statistics.median)):
+            vals = [fn([r[j] for r in cols]) for j in range(8)]
+            lines.append(f"|{_centre(stat, width + 2)}|{_f1(vals[0], 5)} {_f1(vals[1], 6)} |"
+                         f"{_fmt_values(vals[2:], False)} |")
     lines.append("`" + "-" * inner + "'")
     # sclite centres the table on an 80-column page.
     indent = " " * max(0, (80 - (inner + 2)) // 2)
@@ -91,7 +91,7 @@ def _ranked(counter: Counter, title: str) -> list[str]:
     ranked = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
     for i, (key, n) in enumerate(ranked, start=1):
         lines.append(f"{i:4d}: {n:4d}  ->  {key}")
-    lines += ["     -------", f"{total:9d}", "", "", ""]
+    lines += ["     -------", f"{total:10d}", "", ""]
     return lines
 
 
@@ -121,31 +121,32 @@ def detail_report(result: SystemResult) -> str:
     aligned = t.corr + t.sub + t.dels + t.ins
     lines = [f"DETAILED OVERALL REPORT FOR THE SYSTEM: {result.title}", "",
              "SENTENCE RECOGNITION PERFORMANCE", "",
-             f" sentences {t.segments:41d}",
-             f" with errors {_pct(t.sent_err, t.segments):30.1f}%   ({t.sent_err:4d})", "",
-             f"   with substitions {_pct(sent_sub, t.segments):22.1f}%   ({sent_sub:4d})",
-             f"   with deletions {_pct(sent_del, t.segments):24.1f}%   ({sent_del:4d})",
-             f"   with insertions {_pct(sent_ins, t.segments):23.1f}%   ({sent_ins:4d})",
+             f" sentences{t.segments:44d}",
+             f" with errors{_f1(_pct(t.sent_err, t.segments), 33)}%   ({t.sent_err:4d})", "",
+             f"   with substitions{_f1(_pct(sent_sub, t.segments), 26)}%   ({sent_sub:4d})",
+             f"   with deletions{_f1(_pct(sent_del, t.segments), 28)}%   ({sent_del:4d})",
+             f"   with insertions{_f1(_pct(sent_ins, t.segments), 27)}%   ({sent_ins:4d})",
              "", "", "WORD RECOGNITION PERFORMANCE", "",
-             f"Percent Total Error       = {_pct(t.err, t.ref_words):6.1f}%   ({t.err:4d})", "",
-             f"Percent Correct           = {_pct(t.corr, t.ref_words):6.1f}%   ({t.corr:4d})", "",
-             f"Percent Substitution      = {_pct(t.sub, t.ref_words):6.1f}%   ({t.sub:4d})",
-             f"Percent Deletions         = {_pct(t.dels, t.ref_words):6.1f}%   ({t.dels:4d})",
-             f"Percent Insertions        = {_pct(t.ins, t.ref_words):6.1f}%   ({t.ins:4d})",
-             f"Percent Word Accuracy     = {100.0 - _pct(t.err, t.ref_words):6.1f}%",
+             f"Percent Total Error       = {_f1(_pct(t.err, t.ref_words), 6)}%   ({t.err:4d})", "",
+             f"Percent Correct           = {_f1(_pct(t.corr, t.ref_words), 6)}%   ({t.corr:4d})",
+             "",
+             f"Percent Substitution      = {_f1(_pct(t.sub, t.ref_words), 6)}%   ({t.sub:4d})",
+             f"Percent Deletions         = {_f1(_pct(t.dels, t.ref_words), 6)}%   ({t.dels:4d})",
+             f"Percent Insertions        = {_f1(_pct(t.ins, t.ref_words), 6)}%   ({t.ins:4d})",
+             f"Percent Word Accuracy     = {_f1(100.0 - _pct(t.err, t.ref_words), 6)}%",
              "", "",
              f"Ref. words                =           ({t.ref_words:4d})",
              f"Hyp. words                =           ({t.hyp_words:4d})",
              f"Aligned words             =           ({aligned:4d})", "",
-             *_ranked(conf, "CONFUSION PAIRS"),
-             *_ranked(ins, "INSERTIONS"),
-             *_ranked(dels, "DELETIONS"),
+             *_ranked(conf, "CONFUSION PAIRS"), "",
+             *_ranked(ins, "INSERTIONS"), "",
+             *_ranked(dels, "DELETIONS"), "",
              *_ranked(subs, "SUBSTITUTIONS"),
              "* NOTE: The 'Substitution' words are those reference words",
              "        for which the recognizer supplied an incorrect word.", "", "",
              *_ranked(false, "FALSELY RECOGNIZED"),
              "* NOTE: The 'Falsely Recognized' words are those hypothesis words",
-             "        which the recognizer incorrectly substituted for a reference word."]
+             "        which the recognizer incorrectly substituted for a reference word.", ""]
     return "\n".join(lines) + "\n"
 
 
