@@ -303,3 +303,15 @@ def test_score_command(tmp_path: Path) -> None:
     bad = CliRunner().invoke(score_command, ["--stm", str(tmp_path / "missing.stm"), "--ctm",
                                              str(ctm), "--out", str(out)])
     assert bad.exit_code != 0 and "does not exist" in bad.output
+
+
+@pytest.mark.timeout(120)
+def test_no_glm_equals_sclite(tmp_path: Path) -> None:
+    stm = _write(tmp_path / "r.stm", HEADER + "sw_1 A s1 0.00 2.00 <O> uh-huh he's (uh) x-ray\n"
+                 "en_2 A s2 0.00 2.00 <O> mm gonna go\n")
+    ctm = _write(tmp_path / "h.ctm", "sw_1 A 0.1 0.2 mhm\nsw_1 A 0.5 0.2 he's\n"
+                 "sw_1 A 0.9 0.2 x\nsw_1 A 1.2 0.2 ray\nen_2 A 0.3 0.2 um\nen_2 A 0.8 0.2 gonna\n")
+    py = score_hub5(stm, ctm, tmp_path / "py", glm=None, kaldi_filter=False)
+    sc = score_hub5(stm, ctm, tmp_path / "sc", glm=None, kaldi_filter=False, backend="sclite")
+    assert {k: v.as_dict() for k, v in py.items()} == {k: v.as_dict() for k, v in sc.items()}
+    assert py["all"].sub == 2  # without a GLM neither uh-huh/mhm nor mm/um are mapped

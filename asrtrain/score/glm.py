@@ -146,14 +146,26 @@ class Glm:
         self.copy_no_hit = copy_no_hit
         self.case_sensitive = case_sensitive
         self.name = name
-        # rfilter1's left-corner index: rules grouped by (upper-cased) first source character,
-        # searched in file order.
-        self._index: dict[str, list[GlmRule]] = {}
-        for rule in rules:
+        # rfilter1's left-corner index (rules by first source character, in file order), refined
+        # here by the first two characters; the candidates keep file order so the first match
+        # still wins exactly as in rfilter1.
+        self._prepared: list[tuple[int, str, str, str, str]] = []
+        for i, rule in enumerate(rules):
             if not rule.source:
-                continue
-            key = rule.source[0] if case_sensitive else ascii_upper(rule.source[0])
-            self._index.setdefault(key, []).append(rule)
+                continue  # rfilter1 indexes these under '\0', which never matches
+            up = (lambda t: t) if case_sensitive else ascii_upper
+            self._prepared.append((i, up(rule.source), up(rule.left), up(rule.right),
+                                   rule.target))
+        self._candidates: dict[str, list[tuple[int, str, str, str, str]]] = {}
+        self._memo: dict[str, str] = {}
+
+    def _rules_at(self, key2: str) -> list[tuple[int, str, str, str, str]]:
+        found = self._candidates.get(key2)
+        if found is None:
+            found = [r for r in self._prepared
+                     if r[1][0] == key2[0] and (len(r[1]) == 1 or r[1][:2] == key2[:2])]
+            self._candidates[key2] = found
+        return found
 
     @classmethod
     def empty(cls) -> Glm:
@@ -230,29 +242,21 @@ class Glm:
         out: list[str] = []
         pos = 0
         n = len(text)
-        cs = self.case_sensitive
-        cmp_text = text if cs else ascii_upper(text)
+        cmp_text = text if self.case_sensitive else ascii_upper(text)
         while pos < n:
-            key = cmp_text[pos]
             hit = None
-            for rule in self._index.get(key, ()):
-                src = rule.source if cs else ascii_upper(rule.source)
+            for _, src, left, right, target in self._rules_at(cmp_text[pos:pos + 2]):
                 if not cmp_text.startswith(src, pos):
                     continue
-                if rule.left:
-                    lpos = pos - len(rule.left)
-                    left = rule.left if cs else ascii_upper(rule.left)
-                    if lpos < 0 or cmp_text[lpos:pos] != left:
-                        continue
-                if rule.right:
-                    right = rule.right if cs else ascii_upper(rule.right)
-                    if not cmp_text.startswith(right, pos + len(src)):
-                        continue
-                hit = rule
+                if left and (pos < len(left) or cmp_text[pos - len(left):pos] != left):
+                    continue
+                if right and not cmp_text.startswith(right, pos + len(src)):
+                    continue
+                hit = (src, target)
                 break
             if hit is not None:
-                out.append(hit.target)
-                pos += len(hit.source)
+                out.append(hit[1])
+                pos += len(hit[0])
             else:
                 if self.copy_no_hit:
                     out.append(text[pos])
@@ -285,6 +289,17 @@ def csr_filter_text(field: str, glm: Glm, upcase: bool = True, delete_hyphens: b
     filtered words separated by single spaces; alternations stay written ``{A B / C}`` as rfilter1
     outputs them.
     """
+    key = f"{int(upcase)}{int(delete_hyphens)}{field}"
+    cached = glm._memo.get(key)
+    if cached is not None:
+        return cached
+    result = _csr_filter_text(field, glm, upcase, delete_hyphens)
+    if len(glm._memo) < 200_000:
+        glm._memo[key] = result
+    return result
+
+
+def _csr_filter_text(field: str, glm: Glm, upcase: bool, delete_hyphens: bool) -> str:
     t = ascii_upper(field) if upcase else field
     t = " " + t.replace("(", "( ").replace(")", " )") + " "
     t = glm.rewrite(t)
