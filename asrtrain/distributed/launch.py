@@ -1,0 +1,81 @@
+"""Start the learners of one machine through torchrun's launcher (``torch.distributed.run``).
+
+``launch(argv, learners)`` runs ``python -m asrtrain.cli train <argv...>`` in ``learners``
+processes on this machine, in this process (torchrun's ``run(args)``), and raises an
+AsrtrainError naming the learner that failed. With ``nnodes > 1`` run it on every machine with
+that machine's ``node_rank`` and the same ``rdzv_endpoint`` (``host:port`` of node 0), which uses
+torchrun's static rendezvous. On CPUs every learner gets ``cores // learners`` threads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from asrtrain import AsrtrainError
+from asrtrain.distributed import learner_threads
+
+
+def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
+                  rdzv_endpoint: str | None = None, module: str = "asrtrain.cli",
+                  module_args: Sequence[str] = ("train",), max_restarts: int = 0,
+                  run_id: str | None = None) -> list[str]:
+    """The ``torchrun`` command line (without the program name) that :func:`launch` runs."""
+    if learners < 1:
+        raise AsrtrainError(f"launch: need at least one learner per node, got {learners}")
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise AsrtrainError(f"launch: node_rank {node_rank} is not in 0..{nnodes - 1}")
+    args = [f"--nproc-per-node={learners}", f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.5"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        args.append("--standalone")  # a free local port, no endpoint to agree on
+    else:
+        if not rdzv_endpoint or ":" not in rdzv_endpoint:
+            raise AsrtrainError(
+                f"launch: {nnodes} nodes need rdzv_endpoint='host:port' of node 0 "
+                f"(got {rdzv_endpoint!r})")
+        args += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
+                 f"--rdzv-endpoint={rdzv_endpoint}"]
+        if run_id:
+            args.append(f"--rdzv-id={run_id}")
+    return args + ["-m", module, *module_args, *argv]
+
+
+def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
+           rdzv_endpoint: str | None = None, module: str = "asrtrain.cli",
+           module_args: Sequence[str] = ("train",), max_restarts: int = 0,
+           run_id: str | None = None) -> None:
+    """Run ``python -m <module> <module_args...> <argv...>`` in ``learners`` processes.
+
+    Args:
+        argv: arguments for every learner (e.g. the recipe's Hydra overrides).
+        learners: learners on this machine (torchrun's ``--nproc-per-node``).
+        nnodes, node_rank, rdzv_endpoint: the multi-machine settings, passed through.
+        module: the module each learner runs; tests launch ``asrtrain.distributed.synthetic``.
+        max_restarts: torchrun restarts of the whole group after a failure (0: fail at once).
+
+    Raises:
+        AsrtrainError: a learner failed; the message names its rank and exit code.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(torchrun_args(argv, learners, nnodes, node_rank, rdzv_endpoint, module,
+                                    module_args, max_restarts, run_id))
+    saved = os.environ.get("OMP_NUM_THREADS")
+    # Learners share the cores; each also calls torch.set_num_threads (build_backend).
+    os.environ["OMP_NUM_THREADS"] = str(learner_threads(learners))
+    try:
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        others = sorted(r for r in e.failures if r != rank)
+        raise AsrtrainError(
+            f"learner rank {rank} failed first (exit code {failure.exitcode}, pid {failure.pid})"
+            + (f"; ranks {others} were stopped after it" if others else "")
+            + ". Its error is in the log above; resume from the last checkpoint.") from e
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved

@@ -1,0 +1,164 @@
+"""A synthetic learner: a 2-layer MLP regressing a fixed random teacher, trained through the
+Backend interface exactly as the real trainer does. Tests and benchmarks launch it under torchrun:
+
+    python -m torch.distributed.run --nproc-per-node 4 -m asrtrain.distributed.synthetic \\
+        --backend adpsgd --steps 50 --out /tmp/run
+
+Each learner writes ``<out>/rank<r>.json`` (steps, samples, rate, consensus distances) and
+``<out>/rank<r>.pt`` (its initial and final parameters); rank 0 also writes ``consensus.pt``.
+Compute can be simulated by a sleep per step (``--sleep``, ``--slow RANK:FACTOR``) so that
+communication, not the machine's cores, is what a benchmark measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from asrtrain.distributed import build_backend
+from asrtrain.fileio import atomic_open, write_text
+
+
+def make_model(dim: int, hidden: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, 1))
+
+
+def make_data(examples: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + 12345)
+    x = torch.randn(examples, dim, generator=g)
+    w = torch.randn(dim, 1, generator=g)
+    y = torch.tanh(x @ w) + 0.1 * torch.randn(examples, 1, generator=g)
+    return x, y
+
+
+def global_batch(step: int, batch: int, examples: int) -> torch.Tensor:
+    """Indices of the global batch of ``step`` (learners take ``[data_rank::data_world]``)."""
+    return (torch.arange(batch) + step * batch) % examples
+
+
+def lr_at(lr: float, samples: int, decay_samples: float) -> float:
+    """The LR schedule of the synthetic run: inverse decay in global samples."""
+    return lr / (1.0 + samples / decay_samples)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="asrtrain.distributed.synthetic", description=__doc__)
+    p.add_argument("--backend", default="ssgd")
+    p.add_argument("--per-node", type=int, default=0)
+    p.add_argument("--topology", default="random_ring")
+    p.add_argument("--delay-by-one", action="store_true")
+    p.add_argument("--no-sync-init", action="store_true",
+                   help="every learner starts from its own random model")
+    p.add_argument("--steps", default="20", help="steps, or a comma list of steps per rank")
+    p.add_argument("--batch", type=int, default=16, help="global batch per step")
+    p.add_argument("--examples", type=int, default=256)
+    p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--decay-samples", type=float, default=1000.0)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--sleep", type=float, default=0.0, help="simulated compute seconds per step")
+    p.add_argument("--slow", default="", help="RANK:FACTOR[,RANK:FACTOR]: slower learners")
+    p.add_argument("--jitter", type=float, default=0.0, help="random extra sleep per step (s)")
+    p.add_argument("--die-rank", type=int, default=-1)
+    p.add_argument("--die-step", type=int, default=-1)
+    p.add_argument("--log-every", type=int, default=0,
+                   help="measure the consensus distance every N steps (equal steps only)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--idle", type=float, default=0.1, help="gossip round interval when idle")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    cfg = {"backend": args.backend, "topology": args.topology, "delay_by_one": args.delay_by_one,
+           "seed": args.seed, "timeout_s": args.timeout, "gossip_idle_s": args.idle,
+           "sync_init": not args.no_sync_init, "cpu": True}
+    if args.per_node:
+        cfg["per_node"] = args.per_node
+    backend = build_backend(cfg)
+    rank = backend.rank
+    out = Path(args.out)
+    steps_list = [int(s) for s in args.steps.split(",")]
+    steps = steps_list[rank] if len(steps_list) > 1 else steps_list[0]
+    slow = {int(r): float(f) for r, f in (item.split(":") for item in args.slow.split(",") if item)}
+    factor = slow.get(rank, 1.0)
+    rng = random.Random(args.seed * 1000 + rank)
+
+    model = make_model(args.dim, args.hidden, args.seed if not args.no_sync_init
+                       else args.seed + 1000 * (rank + 1)).to(backend.device)
+    x, y = make_data(args.examples, args.dim, args.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    backend.setup(model, optimizer)
+    if backend.is_main:
+        print(backend.describe(), flush=True)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    distances: list[tuple[int, float]] = []
+    if args.log_every:
+        distances.append((0, backend.consensus_distance()))
+
+    samples = 0
+    start = time.monotonic()
+    for step in range(steps):
+        if rank == args.die_rank and step == args.die_step:
+            os._exit(3)  # a learner dies without a word, as a killed process would
+        delay = args.sleep * factor + (rng.uniform(0, args.jitter) if args.jitter else 0.0)
+        if delay:
+            time.sleep(delay)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(args.lr, backend.global_samples(), args.decay_samples)
+        idx = global_batch(step, args.batch, args.examples)[backend.data_rank::backend.data_world]
+        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        loss.backward()
+        backend.after_backward(step)
+        backend.optimizer_step(optimizer)
+        optimizer.zero_grad()
+        backend.after_step(step, len(idx))
+        samples += len(idx)
+        if args.log_every and (step + 1) % args.log_every == 0:
+            distances.append((step + 1, backend.consensus_distance()))
+    elapsed = time.monotonic() - start
+
+    final_distance = backend.consensus_distance()
+    consensus = backend.consensus()
+    metrics = backend.reduce_mean({"loss": float(loss.detach())})
+    stats = {"rank": rank, "world_size": backend.world_size, "backend": backend.name,
+             "steps": steps, "samples": samples, "elapsed": elapsed,
+             "rate": samples / elapsed if elapsed > 0 else 0.0,
+             "global_samples": backend.global_samples(), "distances": distances,
+             "final_distance": final_distance, "mean_loss": metrics["loss"],
+             "exchanges": getattr(getattr(backend, "gossip", None), "exchanges", 0),
+             "describe": backend.describe()}
+    backend.close()  # drains gossip: the models below are quiescent
+    final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    with atomic_open(out / f"rank{rank}.pt", "wb") as f:
+        torch.save({"initial": initial, "final": final}, f)
+    if backend.is_main:
+        with atomic_open(out / "consensus.pt", "wb") as f:
+            torch.save(consensus, f)
+    write_text(out / f"rank{rank}.json", json.dumps(stats, indent=1))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except Exception as e:
+        rank = os.environ.get("RANK", "0")
+        write_text(Path(args.out) / f"error{rank}.txt", f"{type(e).__name__}: {e}\n")
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

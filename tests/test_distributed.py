@@ -1,0 +1,214 @@
+"""The distributed backends with real gloo learner processes on this machine.
+
+Learners are forked from the test process (torch is already imported, so a learner starts in
+milliseconds) with torchrun's environment variables, and run the synthetic learner
+(asrtrain.distributed.synthetic), a training loop that uses only the Backend interface.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from asrtrain.distributed import synthetic
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _learner(env: dict[str, str], argv: list[str]) -> None:
+    os.environ.update(env)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if key not in env:
+            os.environ.pop(key, None)
+    torch.set_num_threads(1)
+    code = 0
+    try:
+        synthetic.main(argv)
+    except BaseException:  # the learner wrote error<rank>.txt; exit like a failed process
+        code = 1
+    os._exit(code)
+
+
+def spawn(out: Path, learners: int, *args: str, timeout: float = 90.0) -> dict[int, int]:
+    """Run ``learners`` synthetic learners; return {rank: exit code}. Fails on a hang."""
+    port = _free_port()
+    argv = ["--out", str(out), *args]
+    procs = []
+    for rank in range(learners):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        if learners > 1:
+            env.update(RANK=str(rank), WORLD_SIZE=str(learners), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(learners))
+        p = FORK.Process(target=_learner, args=(env, argv))
+        p.start()
+        procs.append(p)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert not hung, f"learners {hung} still running after {timeout} s (deadlock?)"
+    return {r: p.exitcode for r, p in enumerate(procs)}
+
+
+def results(out: Path, learners: int) -> tuple[list[dict], list[dict]]:
+    stats = [json.loads((out / f"rank{r}.json").read_text()) for r in range(learners)]
+    states = [torch.load(out / f"rank{r}.pt") for r in range(learners)]
+    return stats, states
+
+
+def mean_state(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.stack([s[k].double() for s in states]).mean(0) for k in states[0]}
+
+
+def relative_distance(states: list[dict[str, torch.Tensor]]) -> float:
+    """Mean ||x_i - x_bar|| / ||x_bar|| (what Backend.consensus_distance reports)."""
+    avg = mean_state(states)
+    norm = sum(float(v.pow(2).sum()) for v in avg.values()) ** 0.5
+    dists = [sum(float((s[k].double() - avg[k]).pow(2).sum()) for k in avg) ** 0.5
+             for s in states]
+    return sum(dists) / len(dists) / norm
+
+
+TRAIN = ["--steps", "12", "--batch", "12", "--lr", "0.1", "--decay-samples", "50"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """One process on the global batch of 12."""
+    out = tmp_path_factory.mktemp("single")
+    assert spawn(out, 1, *TRAIN) == {0: 0}
+    stats, states = results(out, 1)
+    assert stats[0]["backend"] == "single"
+    assert stats[0]["global_samples"] == 12 * 12
+    return states[0]["final"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("backend", "learners", "extra"), [
+    ("ssgd", 3, []),
+    ("hadpsgd", 4, ["--per-node", "4"]),  # one node: hadpsgd is SSGD
+])
+def test_synchronous_equals_one_process_on_global_batch(
+        tmp_path: Path, reference: dict[str, torch.Tensor], backend: str, learners: int,
+        extra: list[str]) -> None:
+    codes = spawn(tmp_path, learners, "--backend", backend, *extra, *TRAIN)
+    assert codes == dict.fromkeys(range(learners), 0), list(tmp_path.glob("error*"))
+    stats, states = results(tmp_path, learners)
+    for s, st in zip(stats, states, strict=True):
+        assert s["global_samples"] == 12 * 12  # the LR schedule saw the global progress
+        for k, v in reference.items():
+            assert torch.allclose(st["final"][k], v, atol=1e-5), (s["rank"], k)
+            assert not torch.equal(st["final"][k], st["initial"][k])  # it trained
+    consensus = torch.load(tmp_path / "consensus.pt")
+    for k, v in reference.items():
+        assert torch.allclose(consensus[k], v, atol=1e-5)
+
+
+ZERO_LR = ["--lr", "0", "--no-sync-init", "--batch", "8", "--sleep", "0.005", "--jitter", "0.01",
+           "--timeout", "30"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("learners", "topology", "extra"), [
+    (2, "ring", []),
+    (3, "random_ring", []),
+    (4, "exponential", ["--delay-by-one"]),
+    (5, "ring", []),
+    (8, "random_ring", ["--delay-by-one"]),
+])
+def test_adpsgd_zero_lr_keeps_mean_and_reaches_consensus(
+        tmp_path: Path, learners: int, topology: str, extra: list[str]) -> None:
+    # Uneven step counts and random per-step delays: learners are out of step all the time.
+    steps = ",".join(str(25 + 3 * r) for r in range(learners))
+    codes = spawn(tmp_path, learners, "--backend", "adpsgd", "--topology", topology,
+                  "--steps", steps, "--idle", "0.02", *ZERO_LR, *extra)
+    assert codes == dict.fromkeys(range(learners), 0), list(tmp_path.glob("error*"))
+    stats, states = results(tmp_path, learners)
+    initial = [s["initial"] for s in states]
+    final = [s["final"] for s in states]
+    before, after = mean_state(initial), mean_state(final)
+    for k in before:
+        assert torch.allclose(before[k], after[k], atol=1e-5), k
+    start = relative_distance(initial)
+    assert start > 0.3
+    assert relative_distance(final) < 1e-3 * start
+    assert stats[0]["final_distance"] < 1e-3 * start
+    total = sum(s["samples"] for s in stats)
+    for s in stats:
+        assert s["exchanges"] > 0
+        assert s["samples"] <= s["global_samples"] <= total
+    consensus = torch.load(tmp_path / "consensus.pt")
+    for k in before:
+        assert torch.allclose(consensus[k].double(), before[k], atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_adpsgd_learns(tmp_path: Path) -> None:
+    codes = spawn(tmp_path, 3, "--backend", "adpsgd", "--steps", "40", "--batch", "36",
+                  "--lr", "0.1", "--decay-samples", "1e9")
+    assert codes == {0: 0, 1: 0, 2: 0}, list(tmp_path.glob("error*"))
+    x, y = synthetic.make_data(256, 8, 0)
+    model = synthetic.make_model(8, 16, 0)
+    start = float(torch.nn.functional.mse_loss(model(x), y).detach())
+    model.load_state_dict(torch.load(tmp_path / "consensus.pt"))
+    end = float(torch.nn.functional.mse_loss(model(x), y).detach())
+    assert end < 0.7 * start
+    stats, _ = results(tmp_path, 3)
+    # Counters travel with the exchanges: learners know most of everyone's progress.
+    assert all(s["global_samples"] > 2 * s["samples"] for s in stats)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("learners", "per_node"), [(3, 1), (4, 2)])
+def test_hadpsgd_gossips_between_nodes(tmp_path: Path, learners: int, per_node: int) -> None:
+    codes = spawn(tmp_path, learners, "--backend", "hadpsgd", "--per-node", str(per_node),
+                  "--steps", "30", "--idle", "0.02", *ZERO_LR)
+    assert codes == dict.fromkeys(range(learners), 0), list(tmp_path.glob("error*"))
+    stats, states = results(tmp_path, learners)
+    leaders = [s for s in stats if s["rank"] % per_node == 0]
+    assert all(s["exchanges"] > 0 for s in leaders)  # the AD-PSGD exchange ran
+    assert all(s["exchanges"] == 0 for s in stats if s["rank"] % per_node)
+    for node in range(learners // per_node):
+        first = states[node * per_node]
+        for r in range(node * per_node + 1, (node + 1) * per_node):
+            # Replicas of a node start from the leader and stay bit-identical.
+            for k in first["final"]:
+                assert torch.equal(first["initial"][k], states[r]["initial"][k])
+                assert torch.equal(first["final"][k], states[r]["final"][k])
+    initial = [s["initial"] for s in states]
+    final = [s["final"] for s in states]
+    before, after = mean_state(initial), mean_state(final)
+    for k in before:
+        assert torch.allclose(before[k], after[k], atol=1e-5), k
+    assert relative_distance(final) < 1e-3 * relative_distance(initial)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", ["ssgd", "adpsgd"])
+def test_dead_learner_stops_the_others_naming_it(tmp_path: Path, backend: str) -> None:
+    start = time.monotonic()
+    codes = spawn(tmp_path, 4, "--backend", backend, "--steps", "400", "--sleep", "0.01",
+                  "--die-rank", "2", "--die-step", "5", "--timeout", "20", timeout=120)
+    assert codes[2] == 3
+    assert all(codes[r] == 1 for r in (0, 1, 3)), codes
+    for r in (0, 1, 3):
+        message = (tmp_path / f"error{r}.txt").read_text()
+        assert "AsrtrainError" in message and "rank 2 stopped" in message, message
+    assert time.monotonic() - start < 100
