@@ -1,0 +1,55 @@
+"""launch(): learners started through torchrun's launcher, as the trainer's recipe stage does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asrtrain import AsrtrainError
+from asrtrain.distributed import learner_threads
+from asrtrain.distributed.launch import launch, torchrun_args
+
+REPO = Path(__file__).resolve().parents[1]
+SYNTHETIC = dict(module="asrtrain.distributed.synthetic", module_args=())
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The learners are new Python processes: they must find the package without installing it.
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+
+
+@pytest.mark.timeout(120)
+def test_launch_runs_learners(tmp_path: Path) -> None:
+    launch(["--backend", "hadpsgd", "--per-node", "1", "--steps", "8", "--out", str(tmp_path)],
+           2, **SYNTHETIC)
+    stats = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [s["rank"] for s in stats] == [0, 1]
+    assert all(s["world_size"] == 2 and s["backend"] == "hadpsgd" for s in stats)
+    assert all(s["threads"] == learner_threads(2) for s in stats)
+    assert "spectral gap" in stats[0]["describe"]
+    assert (tmp_path / "consensus.pt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_launch_names_the_learner_that_died(tmp_path: Path) -> None:
+    with pytest.raises(AsrtrainError, match=r"learner rank 1 failed first \(exit code 3"):
+        launch(["--backend", "ssgd", "--steps", "500", "--sleep", "0.01", "--die-rank", "1",
+                "--die-step", "3", "--out", str(tmp_path)], 3, **SYNTHETIC)
+
+
+def test_multi_node_settings_are_passed_to_torchrun() -> None:
+    args = torchrun_args(["trainer.backend=hadpsgd"], 4, nnodes=2, node_rank=1,
+                         rdzv_endpoint="node0:29500")
+    assert args[:3] == ["--nproc-per-node=4", "--max-restarts=0", "--monitor-interval=0.5"]
+    assert "--nnodes=2" in args and "--node-rank=1" in args
+    assert "--rdzv-endpoint=node0:29500" in args and "--rdzv-backend=static" in args
+    assert args[-4:] == ["-m", "asrtrain.cli", "train", "trainer.backend=hadpsgd"]
+    assert "--standalone" in torchrun_args([], 2)
+    with pytest.raises(AsrtrainError, match="rdzv_endpoint"):
+        torchrun_args([], 2, nnodes=2, node_rank=0)
+    with pytest.raises(AsrtrainError, match="node_rank"):
+        torchrun_args([], 2, nnodes=2, node_rank=2, rdzv_endpoint="h:1")
