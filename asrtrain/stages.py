@@ -58,7 +58,8 @@ def stage_lang(cfg: DictConfig, paths: Paths) -> None:
 def stage_features(cfg: DictConfig, paths: Paths) -> None:
     from asrtrain.features import FeatureOptions, compute_features
 
-    opts = FeatureOptions.from_config(cfg.features)
+    opts = FeatureOptions.from_config(
+        {**cfg.features, "resample": bool(cfg.corpus.get("resample", False))})
     compute_features([paths.data / name for name in _sets(cfg)], paths.exp / "feats", opts,
                      nj=int(cfg.nj))
 

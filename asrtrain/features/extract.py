@@ -42,6 +42,7 @@ class FeatureOptions:
     low_freq: float = 20.0
     high_freq: float = 0.0
     use_energy: bool = False
+    resample: bool = False       # audio at another rate is resampled, not an error (datadir)
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> FeatureOptions:
@@ -85,7 +86,7 @@ def _extract_job(args: tuple) -> tuple[int, int, float]:
     bar = tqdm(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
                disable=not show_progress, leave=False)
     with kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
-        for utt, samples in iter_utterances(data, opts.sample_rate):
+        for utt, samples in iter_utterances(data, opts.sample_rate, resample=opts.resample):
             m = extract(samples, opts, _utt_seed(utt))
             if m.shape[0] == 0:
                 raise AsrtrainError(f"utterance {utt}: too short for one frame "
