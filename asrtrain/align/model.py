@@ -161,15 +161,27 @@ def frame_contexts(phone_state: np.ndarray) -> np.ndarray:
 
 def transition_counts(phone_state: np.ndarray, counts: dict[int, np.ndarray],
                       log_trans: dict[int, np.ndarray]) -> None:
+    """Add the HMM transitions taken in one alignment to ``counts[phone][state, next]`` (the last
+    column counts leaving the phone)."""
     ctx = frame_contexts(phone_state)
-    for t in range(len(ctx)):
-        p, s = int(ctx[t, 1]), int(ctx[t, 3])
+    phones, states = ctx[:, 1], ctx[:, 3]
+    nxt = np.empty_like(states)
+    nxt[:-1] = states[1:]
+    leaves = np.ones(len(states), dtype=bool)
+    leaves[:-1] = (states[1:] == 0) & ((states[:-1] != 0) | (phones[1:] != phones[:-1]))
+    for p in np.unique(phones).tolist():
+        sel = phones == p
         c = counts.setdefault(p, np.zeros_like(log_trans[p]))
-        last = t + 1 == len(ctx)
-        if last or (ctx[t + 1, 3] == 0 and (s != 0 or ctx[t + 1, 1] != p)):
-            c[s, -1] += 1      # leaves the phone
-        else:
-            c[s, int(ctx[t + 1, 3])] += 1
+        dest = np.where(leaves[sel], c.shape[1] - 1, nxt[sel])
+        np.add.at(c, (states[sel], dest), 1)
+
+
+def pdfs_of(tree, ctx: np.ndarray) -> np.ndarray:
+    """The pdf of every frame from its ``(left, phone, right, hmm_state)`` context."""
+    uniq, inv = np.unique(ctx, axis=0, return_inverse=True)
+    lookup = np.array([tree.pdf(int(a), int(b), int(c), int(d)) for a, b, c, d in uniq],
+                      dtype=np.int64)
+    return lookup[inv.reshape(-1)]
 
 
 @dataclass

@@ -38,6 +38,7 @@ from asrtrain.align.model import (
     frame_contexts,
     initial_log_trans,
     load_data,
+    pdfs_of,
     read_int_table,
     transition_counts,
     write_alignments,
@@ -132,7 +133,7 @@ def _accumulate(model: AcousticModel, utts: list[Utterance], phone_state: dict[s
         if ps is None:
             continue
         ctx = frame_contexts(ps)
-        pdf = np.array([model.tree.pdf(int(a), int(b), int(c), int(d)) for a, b, c, d in ctx])
+        pdf = pdfs_of(model.tree, ctx)
         gmm.accumulate(torch.from_numpy(u.feats).to(device), torch.from_numpy(pdf).to(device),
                        stats)
         transition_counts(ps, counts, model.log_trans)
