@@ -76,7 +76,7 @@ def _hyp_for(rng: random.Random, ref_words: list[str]) -> list[str]:
             continue  # deletion
         if r < 0.2:
             out.append(_case(rng, rng.choice(WORDS + HESITATIONS)))  # substitution
-        elif r < 0.25 and base.endswith("-"):
+        elif r < 0.25 and len(base) > 1 and base.endswith("-"):
             out.append(base[:-1] + rng.choice(["", "e", "ing", "s"]))  # completed fragment
         elif r < 0.3:
             out.append(rng.choice(CONTRACTIONS + BACKCHANNELS + HESITATIONS))
