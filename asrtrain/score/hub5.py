@@ -144,10 +144,6 @@ def score_filtered(segments: list[StmSegment], hyp_lines: list[str], title: str 
     return result
 
 
-def _read_raw(path: Path, kind: str) -> list[tuple[int, str]]:
-    return read_lines(path, kind)
-
-
 def score_subset(stm_lines: list[tuple[int, str]], ctm_lines: list[tuple[int, str]],
                  stm_path: Path, ctm_path: Path, subset: str, glm_ref: Glm, glm_hyp: Glm,
                  title: str) -> SystemResult:
@@ -189,8 +185,8 @@ def score_hub5_python(stm: Path, ctm: Path, glm: Path | None = None, kaldi_filte
     stm, ctm = Path(stm), Path(ctm)
     glm_ref = Glm.load(glm, "stm", "ref") if glm is not None else Glm.empty()
     glm_hyp = Glm.load(glm, "ctm", "hyp") if glm is not None else Glm.empty()
-    stm_lines = _read_raw(stm, "STM")
-    ctm_lines = _read_raw(ctm, "CTM")
+    stm_lines = read_lines(stm, "STM")
+    ctm_lines = read_lines(ctm, "CTM")
     # Validate every line up front so errors name the line even if a subset would drop it.
     for lineno, line in stm_lines:
         parse_stm_line(line, stm, lineno)

@@ -185,10 +185,3 @@ def write_reports(result: SystemResult, out_dir: Path, name: str) -> None:
     write_text(out_dir / f"{name}.dtl", detail_report(result))
     write_text(out_dir / f"{name}.pra", alignment_report(result))
 
-
-def sum_row(result: SystemResult) -> str:
-    """The ``| Sum/Avg |`` line of the ``.sys`` report."""
-    for line in summary_table(result, percent=True).splitlines():
-        if line.lstrip().startswith("| Sum/Avg"):
-            return line
-    raise AssertionError("no Sum/Avg row")

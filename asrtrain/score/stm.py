@@ -103,15 +103,6 @@ def filter_stm(segments: Iterable[StmSegment], glm: Glm) -> list[StmSegment]:
     return out
 
 
-def format_stm(seg: StmSegment) -> str:
-    parts = [seg.file, seg.channel, seg.speaker, f"{seg.start:.2f}", f"{seg.end:.2f}"]
-    if seg.labels:
-        parts.append(seg.labels)
-    if seg.text:
-        parts.append(seg.text)
-    return " ".join(parts)
-
-
 def fix_eval2000_stm_line(line: str) -> str:
     """Kaldi's eval2000_data_prep.sh fixes to LDC2002T43's STM before hubscr.pl sees it.
 
