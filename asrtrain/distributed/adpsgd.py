@@ -307,8 +307,10 @@ class ADPSGDBackend(DistributedBackend):
                                            timeout=self.timeout)
         self.gossip: Gossip | None = None
 
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              global_samples: int = 0) -> None:
         self.check_setup(model)
+        self.start_samples = int(global_samples)
         if self.sync_init:
             self.broadcast_params(0, None, "initial model broadcast")
         # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
@@ -337,7 +339,7 @@ class ADPSGDBackend(DistributedBackend):
         g.notify_step(batch_samples)
 
     def global_samples(self) -> int:
-        return self._gossip().global_samples()
+        return self.start_samples + self._gossip().global_samples()
 
     def drain(self) -> None:
         """Agree on a last round with everyone, finish it, and stop gossip until release()."""

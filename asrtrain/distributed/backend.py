@@ -5,7 +5,8 @@ learners in the same order)::
 
     backend = build_backend(cfg.trainer)          # process group from the torchrun environment
     model.to(backend.device); optimizer = ...     # shard data with backend.data_rank/data_world
-    backend.setup(model, optimizer)               # collective; prints nothing, see describe()
+    backend.setup(model, optimizer, global_samples=resumed_samples)   # collective
+    log(backend.describe())                       # backend, topology, spectral gap
     for step, batch in enumerate(batches):
         set_lr(optimizer, schedule(backend.global_samples()))
         loss = model(batch).mean(); loss.backward()
@@ -61,10 +62,16 @@ class Backend(ABC):
         self.device = device if device is not None else torch.device("cpu")
         self.model: torch.nn.Module | None = None
         self._local_samples = 0
+        self.start_samples = 0
 
     @abstractmethod
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Attach the model (already on ``device``) and its optimizer; collective."""
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              global_samples: int = 0) -> None:
+        """Attach the model (already on ``device``) and its optimizer; collective.
+
+        ``global_samples`` is the progress of a resumed run (saved with its checkpoint): the
+        LR-schedule input :meth:`global_samples` continues from it on every learner.
+        """
 
     def after_backward(self, step: int) -> None:  # noqa: B027 - most backends need nothing
         """Called after ``loss.backward()``: reduce gradients where the backend does so."""
@@ -112,14 +119,16 @@ class SingleProcessBackend(Backend):
 
     name = "single"
 
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              global_samples: int = 0) -> None:
         self.model = model
+        self.start_samples = int(global_samples)
 
     def after_step(self, step: int, batch_samples: int) -> None:
         self._local_samples += int(batch_samples)
 
     def global_samples(self) -> int:
-        return self._local_samples
+        return self.start_samples + self._local_samples
 
     def consensus(self) -> dict[str, torch.Tensor]:
         if self.model is None:

@@ -66,8 +66,10 @@ class HADPSGDBackend(DistributedBackend):
         self.gossip: Gossip | None = None
         self._global = 0
 
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              global_samples: int = 0) -> None:
         self.check_setup(model)
+        self.start_samples = int(global_samples)
         if self.sync_init:
             self.broadcast_params(0, None, "initial model broadcast")
         elif self.node_group is not None:
@@ -100,26 +102,22 @@ class HADPSGDBackend(DistributedBackend):
                                self.node_group)
         return int(t[0])
 
-    def _share_in_node(self) -> None:
-        """Broadcast the leader's gossip change and progress count to the node's replicas."""
-        head = torch.zeros(2, dtype=torch.int64)
+    def _share_in_node(self, batch_samples: int) -> int:
+        """One node allreduce of (samples, leader's gossip flag, leader's global count), then the
+        leader's gossip change if it has one; returns the node's samples of this step."""
+        head = torch.zeros(3, dtype=torch.int64)
+        head[0] = int(batch_samples)
         delta = None
         if self.gossip is not None:
             with self.model_lock:
                 delta = self.gossip.take_pending()
-            head[0] = int(delta is not None)
-            head[1] = self.gossip.global_samples()
-        if self.node_group is None:
-            if delta is not None:  # not reached: a node of one applies gossip in the thread
-                with self.model_lock:
-                    add_flat_(self.params, delta)
-            return
+            head[1] = int(delta is not None)
+            head[2] = self.gossip.global_samples()
+        assert self.node_group is not None
         nccl = dist.get_backend(self.node_group) == "nccl"
         dev = self.device if nccl else torch.device("cpu")
-        head = head.to(dev)
-        self.wait(dist.broadcast(head, src=self.leader, group=self.node_group, async_op=True),
-                  "node progress broadcast")
-        flag, samples = (int(x) for x in head.cpu())
+        head = self.allreduce_sum(head, "node progress allreduce", self.node_group)
+        node_samples, flag, samples = (int(x) for x in head)
         self._global = samples
         if flag:
             buf = (delta if delta is not None
@@ -128,24 +126,27 @@ class HADPSGDBackend(DistributedBackend):
                       "node gossip broadcast")
             with self.model_lock:
                 add_flat_(self.params, buf)
+        return node_samples
 
     def after_step(self, step: int, batch_samples: int) -> None:
         self._local_samples += int(batch_samples)
-        node_samples = self._node_sum(int(batch_samples))
         if self.nodes == 1:
-            self._global += node_samples
+            self._global += self._node_sum(int(batch_samples))
             return
+        if self.per_node == 1:
+            node_samples = int(batch_samples)  # the gossip thread applies its changes itself
+        else:
+            # Members learn the leader's count as of the previous step: one collective less.
+            node_samples = self._share_in_node(int(batch_samples))
         if self.gossip is not None:
             self.gossip.check()
             self.gossip.notify_step(node_samples)
-        if self.per_node > 1:
-            self._share_in_node()
 
     def global_samples(self) -> int:
         if self.nodes > 1 and self.per_node == 1:
             assert self.gossip is not None
-            return self.gossip.global_samples()
-        return self._global
+            return self.start_samples + self.gossip.global_samples()
+        return self.start_samples + self._global
 
     def drain(self) -> None:
         """Finish in-flight gossip everywhere (see ADPSGDBackend.drain) and share it in nodes."""
@@ -157,7 +158,7 @@ class HADPSGDBackend(DistributedBackend):
         if self.gossip is not None:
             self.gossip.drain_to(int(t.cpu()[0]), self.timeout.total_seconds())
         if self.per_node > 1:
-            self._share_in_node()
+            self._share_in_node(0)
 
     def _release(self) -> None:
         if self.gossip is not None:

@@ -73,8 +73,10 @@ class SSGDBackend(DistributedBackend):
         self.sync_init = sync_init
         self._global = 0
 
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              global_samples: int = 0) -> None:
         self.check_setup(model)
+        self.start_samples = int(global_samples)
         if self.sync_init:
             self.broadcast_params(0, None, "initial model broadcast")
         self.reduce = GradientAllreduce(self, self.params, None, self.world_size)
@@ -90,7 +92,7 @@ class SSGDBackend(DistributedBackend):
         self._global += int(n[0])
 
     def global_samples(self) -> int:
-        return self._global
+        return self.start_samples + self._global
 
     def consensus(self) -> dict[str, torch.Tensor]:
         return self.average_state()

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from asrtrain import AsrtrainError
 from asrtrain.distributed import build_backend
 from asrtrain.fileio import atomic_open, write_text
 
@@ -51,6 +54,12 @@ def lr_at(lr: float, samples: int, decay_samples: float) -> float:
     return lr / (1.0 + samples / decay_samples)
 
 
+def _rounds(backend: object) -> int:
+    """Gossip rounds done so far (equal on all learners right after a consensus call)."""
+    gossip = getattr(backend, "gossip", None)
+    return gossip.rounds if gossip is not None else 0
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="asrtrain.distributed.synthetic", description=__doc__)
     p.add_argument("--backend", default="ssgd")
@@ -75,6 +84,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=0,
                    help="measure the consensus distance every N steps (equal steps only)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-samples", type=int, default=0, help="progress of a resumed run")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--idle", type=float, default=0.1, help="gossip round interval when idle")
     p.add_argument("--out", required=True)
@@ -100,13 +110,13 @@ def run(args: argparse.Namespace) -> None:
                        else args.seed + 1000 * (rank + 1)).to(backend.device)
     x, y = make_data(args.examples, args.dim, args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    backend.setup(model, optimizer)
+    backend.setup(model, optimizer, global_samples=args.start_samples)
     if backend.is_main:
         print(backend.describe(), flush=True)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     distances: list[tuple[int, float]] = []
     if args.log_every:
-        distances.append((0, backend.consensus_distance()))
+        distances.append((0, backend.consensus_distance(), _rounds(backend)))
 
     samples = 0
     start = time.monotonic()
@@ -127,7 +137,7 @@ def run(args: argparse.Namespace) -> None:
         backend.after_step(step, len(idx))
         samples += len(idx)
         if args.log_every and (step + 1) % args.log_every == 0:
-            distances.append((step + 1, backend.consensus_distance()))
+            distances.append((step + 1, backend.consensus_distance(), _rounds(backend)))
     elapsed = time.monotonic() - start
 
     final_distance = backend.consensus_distance()
@@ -158,6 +168,61 @@ def main(argv: Sequence[str] | None = None) -> None:
         rank = os.environ.get("RANK", "0")
         write_text(Path(args.out) / f"error{rank}.txt", f"{type(e).__name__}: {e}\n")
         raise
+
+
+def _forked_learner(env: dict[str, str], argv: list[str]) -> None:
+    os.environ.update(env)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if key not in env:
+            os.environ.pop(key, None)
+    code = 0
+    try:
+        main(argv)
+    except BaseException:  # main wrote error<rank>.txt; exit like a failed learner
+        code = 1
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def run_local(out: Path, learners: int, argv: Sequence[str],
+              timeout: float = 120.0) -> dict[int, int]:
+    """Run ``learners`` synthetic learners forked from this process, with torchrun's variables.
+
+    Forking skips the seconds each new Python process spends importing torch, which matters for
+    tests and benchmarks on a small machine; :func:`asrtrain.distributed.launch.launch` is the
+    real launcher. Returns {rank: exit code}; learners still running after ``timeout`` seconds
+    are killed and raise an AsrtrainError (a deadlock).
+    """
+    # Creating the first optimizer imports much of torch (seconds per process on a busy machine):
+    # do it once here, before forking, instead of in every learner.
+    warm = torch.zeros(1, requires_grad=True)
+    warm.sum().backward()
+    torch.optim.SGD([warm], lr=0.1, momentum=0.9).step()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    procs = []
+    for rank in range(learners):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        if learners > 1:
+            env.update(RANK=str(rank), WORLD_SIZE=str(learners), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(learners))
+        p = ctx.Process(target=_forked_learner, args=(env, ["--out", str(out), *argv]))
+        p.start()
+        procs.append(p)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if hung:
+        raise AsrtrainError(
+            f"synthetic learners {hung} still ran after {timeout:.0f} s (deadlock?)")
+    return {r: p.exitcode for r, p in enumerate(procs)}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,198 @@
+"""Benchmarks of the distributed backends on one machine, per-step compute simulated by a sleep.
+
+    python bench/run.py [straggler|scaling|consensus|all] [--quick]
+
+Writes bench/results/<name>.json and <name>.png (figures, not asserts):
+  straggler  8 learners, one slowed 1x/2x/4x/8x: aggregate samples/s of each backend against the
+             ideal (the sum of the learners' own rates).
+  scaling    1, 2, 4, 8 learners: throughput / (N x one learner).
+  consensus  16 learners, zero learning rate: measured consensus distance per gossip round against
+             the sqrt((1 - gap)^t) bound the topology predicts, for the fixed and randomized ring.
+Learners are forked (asrtrain.distributed.synthetic.run_local) so the machine's two cores spend
+their time on the learners, not on importing torch; the sleep makes compute, not the cores, the
+bottleneck, as it is on GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from asrtrain.distributed import synthetic  # noqa: E402
+from asrtrain.distributed.topology import spectral_gap  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+STEP_S = 0.1          # simulated compute per step of a normal learner
+PER_LEARNER_BATCH = 8
+MODEL = ["--dim", "64", "--hidden", "256"]  # 16.9k parameters, 68 KB per gossip message
+
+
+def run(learners: int, argv: list[str]) -> list[dict]:
+    """Run the synthetic learners; their rank<r>.json statistics."""
+    with tempfile.TemporaryDirectory(prefix="asrtrain-bench-") as tmp:
+        codes = synthetic.run_local(Path(tmp), learners, argv, timeout=600)
+        if any(codes.values()):
+            errors = [p.read_text() for p in Path(tmp).glob("error*.txt")]
+            raise RuntimeError(f"bench run failed {codes}: {errors}")
+        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(learners)]
+
+
+def throughput(stats: list[dict]) -> float:
+    """Aggregate samples/s: the sum of every learner's rate over its own training time."""
+    return sum(s["samples"] / s["elapsed"] for s in stats)
+
+
+def backend_args(backend: str, learners: int) -> list[str]:
+    if backend == "hadpsgd":
+        return ["--backend", "hadpsgd", "--per-node", str(min(2, learners))]
+    return ["--backend", backend]
+
+
+def straggler(quick: bool) -> dict:
+    n, base = 8, (20 if quick else 40)
+    slow_rank = n - 1
+    out: dict = {"learners": n, "step_s": STEP_S, "slow_rank": slow_rank, "hadpsgd_per_node": 2,
+                 "runs": []}
+    for factor in (1, 2, 4, 8):
+        own = [1.0 / STEP_S] * n
+        own[slow_rank] = 1.0 / (STEP_S * factor)
+        ideal = PER_LEARNER_BATCH * sum(own)
+        for backend in ("ssgd", "adpsgd", "hadpsgd"):
+            # Synchronous groups must take the same number of steps: the slow pace sets theirs.
+            if backend == "ssgd":
+                steps = [max(4, base // factor)] * n
+            elif backend == "adpsgd":
+                steps = [base] * n
+                steps[slow_rank] = max(4, base // factor)
+            else:
+                steps = [base] * n
+                steps[slow_rank] = steps[slow_rank - 1] = max(4, base // factor)
+            stats = run(n, [*backend_args(backend, n), *MODEL, "--batch",
+                            str(PER_LEARNER_BATCH * n), "--sleep", str(STEP_S),
+                            "--slow", f"{slow_rank}:{factor}",
+                            "--steps", ",".join(map(str, steps)), "--lr", "0.01"])
+            rate = throughput(stats)
+            out["runs"].append({"backend": backend, "slowdown": factor, "samples_per_s": rate,
+                                "ideal": ideal, "fraction_of_ideal": rate / ideal})
+            print(f"straggler {factor}x {backend:8s} {rate:8.1f} samples/s = "
+                  f"{rate / ideal:.3f} of ideal {ideal:.1f}", flush=True)
+    return out
+
+
+def scaling(quick: bool) -> dict:
+    steps = "20" if quick else "40"
+    out: dict = {"step_s": STEP_S, "per_learner_batch": PER_LEARNER_BATCH, "runs": []}
+    one = throughput(run(1, ["--backend", "ssgd", *MODEL, "--batch", str(PER_LEARNER_BATCH),
+                             "--sleep", str(STEP_S), "--steps", steps]))
+    out["one_learner"] = one
+    for backend in ("ssgd", "adpsgd", "hadpsgd"):
+        out["runs"].append({"backend": backend, "learners": 1, "samples_per_s": one,
+                            "efficiency": 1.0})
+        for n in (2, 4, 8):
+            rate = throughput(run(n, [*backend_args(backend, n), *MODEL, "--batch",
+                                      str(PER_LEARNER_BATCH * n), "--sleep", str(STEP_S),
+                                      "--steps", steps, "--lr", "0.01"]))
+            out["runs"].append({"backend": backend, "learners": n, "samples_per_s": rate,
+                                "efficiency": rate / (n * one)})
+            print(f"scaling {backend:8s} N={n}: {rate:8.1f} samples/s, efficiency "
+                  f"{rate / (n * one):.3f}", flush=True)
+    return out
+
+
+def consensus(quick: bool) -> dict:
+    n, steps = 16, (12 if quick else 20)
+    out: dict = {"learners": n, "runs": []}
+    for scheme in ("ring", "random_ring"):
+        stats = run(n, ["--backend", "adpsgd", "--topology", scheme, "--no-sync-init", "--lr",
+                        "0", *MODEL, "--batch", str(n), "--steps", str(steps), "--log-every", "1",
+                        "--idle", "30", "--sleep", "0.01"])
+        gap = spectral_gap(n, scheme)
+        rows = stats[0]["distances"]  # (step, consensus distance, gossip rounds so far)
+        d0 = rows[0][1]
+        out["runs"].append({"scheme": scheme, "gap": gap,
+                            "rounds": [r for _, _, r in rows],
+                            "distance": [d / d0 for _, d, _ in rows],
+                            "predicted": [(1 - gap) ** (r / 2) for _, _, r in rows]})
+        print(f"consensus {scheme}: gap {gap:.4f}; distance after {rows[-1][2]} rounds "
+              f"{rows[-1][1] / d0:.3g} (bound {(1 - gap) ** (rows[-1][2] / 2):.3g})", flush=True)
+    return out
+
+
+def plot(name: str, data: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install matplotlib): JSON only", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if name == "straggler":
+        for backend in ("ssgd", "adpsgd", "hadpsgd"):
+            runs = [r for r in data["runs"] if r["backend"] == backend]
+            ax.plot([r["slowdown"] for r in runs], [r["samples_per_s"] for r in runs], "o-",
+                    label=backend)
+        ideal = [r for r in data["runs"] if r["backend"] == "ssgd"]
+        ax.plot([r["slowdown"] for r in ideal], [r["ideal"] for r in ideal], "k--", label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("slowdown of one learner (of 8)")
+        ax.set_ylabel("aggregate samples/s")
+        ax.set_title(f"Straggler: 8 learners, {STEP_S * 1000:.0f} ms simulated compute/step")
+    elif name == "scaling":
+        for backend in ("ssgd", "adpsgd", "hadpsgd"):
+            runs = [r for r in data["runs"] if r["backend"] == backend]
+            ax.plot([r["learners"] for r in runs], [r["efficiency"] for r in runs], "o-",
+                    label=backend)
+        ax.axhline(0.9, color="k", ls=":", label="0.9")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.1)
+        ax.set_xlabel("learners")
+        ax.set_ylabel("throughput / (N x one learner)")
+        ax.set_title("Scaling (simulated compute)")
+    else:
+        for run_ in data["runs"]:
+            line = ax.semilogy(run_["rounds"], run_["distance"], "o-",
+                               label=f"{run_['scheme']} measured")[0]
+            ax.semilogy(run_["rounds"], run_["predicted"], "--", color=line.get_color(),
+                        label=f"{run_['scheme']} sqrt((1-gap)^t), gap {run_['gap']:.3f}")
+        ax.set_xlabel("gossip rounds t")
+        ax.set_ylabel("consensus distance / initial")
+        ax.set_title(f"Consensus, {data['learners']} learners, zero LR")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("which", nargs="?", default="all",
+                   choices=["straggler", "scaling", "consensus", "all"])
+    p.add_argument("--quick", action="store_true", help="fewer steps")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    benches = {"straggler": straggler, "scaling": scaling, "consensus": consensus}
+    for name, fn in benches.items():
+        if args.which not in (name, "all"):
+            continue
+        start = time.monotonic()
+        data = fn(args.quick)
+        data["seconds"] = time.monotonic() - start
+        (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1))
+        plot(name, data)
+
+
+if __name__ == "__main__":
+    main()
