@@ -22,7 +22,7 @@ from asrtrain import AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.graph import HmmGraph, hmm_graph, phone_graph
 from asrtrain.align.model import STATE_BITS, AcousticModel, frame_contexts, load_data
-from asrtrain.align.train import import_kaldi_alignment, train_mono, train_tri
+from asrtrain.align.train import align_data, import_kaldi_alignment, train_mono, train_tri
 from asrtrain.align.tree import TreeStats, build_tree, cluster_phones
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.data.datadir import DataDir
@@ -101,10 +101,27 @@ def mono(corpus) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tri1(corpus, mono) -> Path:
-    out = corpus["root"] / "exp" / "tri1"
-    train_tri(corpus["train"], corpus["lang"], mono, out, TRI)
+def mono_ali(corpus, mono) -> Path:
+    out = corpus["root"] / "exp" / "mono_ali"
+    align_data(corpus["train"], corpus["lang"], mono, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tri1(corpus, mono_ali) -> Path:
+    out = corpus["root"] / "exp" / "tri1"
+    train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
+    return out
+
+
+def test_align_data_repeats_the_final_alignment(corpus, mono, mono_ali) -> None:
+    """Aligning with the final model gives the training pass's final alignment again."""
+    for name in ("ali.scp", "ali_phone_state.scp"):
+        a = {k: np.asarray(v) for k, v in kaldiio.load_scp(str(mono / name)).items()}
+        b = {k: np.asarray(v) for k, v in kaldiio.load_scp(str(mono_ali / name)).items()}
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert AcousticModel.load(mono_ali).num_pdfs == AcousticModel.load(mono).num_pdfs
 
 
 def allowed_transitions(lang: Lang, phone: int) -> set[tuple[int, int]]:
@@ -248,7 +265,11 @@ def test_failed_alignments_are_counted_and_limited(corpus, mono, tmp_path) -> No
         cfg = dict(MONO, num_iters=2, realign_iters=[1], max_fail_fraction=frac)
         if ok:
             s = train_mono(tmp_path / name, corpus["lang"], tmp_path / f"mono_{name}", cfg)
-            assert s["failed"] == 1
+            assert s["failed"] == 1 and s["utterances"] == 24
+            # the shortest 20 only (Kaldi's mono subset): the 60-word transcripts are not short
+            s = train_mono(tmp_path / name, corpus["lang"], tmp_path / f"mono_{name}_20",
+                           dict(cfg, num_utts=20))
+            assert s["utterances"] == 20
             log = (tmp_path / f"mono_{name}" / "log.txt").read_text()
             assert d.utts[0] in log
         else:

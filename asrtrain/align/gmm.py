@@ -77,26 +77,31 @@ class DiagGmmSet:
         return cls(d["means"], d["vars"], d["log_weights"])
 
     # ---------------------------------------------------------------- likelihoods
-    def _linear(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _linear(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Live components only, float32: ``[2D, G]`` weights, ``[G]`` constants, ``[G]`` pdf."""
         if self._cache is None:
             inv = 1.0 / self.vars
             gconst = (self.log_weights - 0.5 * (self.dim * LOG_2PI + self.vars.log().sum(-1)
                                                 + (self.means ** 2 * inv).sum(-1)))
             w = torch.cat([self.means * inv, -0.5 * inv], dim=-1)   # [P, M, 2D]
-            self._cache = (w.reshape(-1, 2 * self.dim).T.contiguous(), gconst.reshape(-1))
+            live = torch.isfinite(self.log_weights)
+            pdf = torch.arange(self.num_pdfs, device=w.device)[:, None].expand_as(live)[live]
+            self._cache = (w[live].T.float().contiguous(), gconst[live].float(), pdf)
         return self._cache
 
-    def component_loglikes(self, x: torch.Tensor) -> torch.Tensor:
-        """``[N, P, M]`` log(weight * N(x; mean, var)) for frames ``x`` ``[N, D]``."""
-        w, g = self._linear()
-        x = x.to(w.dtype)
-        ll = torch.cat([x, x * x], dim=1) @ w + g
-        return ll.view(x.shape[0], self.num_pdfs, -1)
-
-    def loglikes(self, x: torch.Tensor, block: int = 2048) -> torch.Tensor:
-        """``[N, P]`` float32 log-likelihood of every pdf for every frame."""
-        out = [torch.logsumexp(self.component_loglikes(x[i:i + block]), dim=-1).float()
-               for i in range(0, x.shape[0], block)]
+    def loglikes(self, x: torch.Tensor, block: int = 4096) -> torch.Tensor:
+        """``[N, P]`` float32 log-likelihood of every pdf for every frame (Kaldi evaluates
+        likelihoods in float too); the sum over a pdf's components is a scatter log-sum-exp."""
+        w, g, pdf = self._linear()
+        out = []
+        for i in range(0, x.shape[0], block):
+            xb = x[i:i + block].float()
+            ll = torch.cat([xb, xb * xb], dim=1) @ w + g             # [n, G]
+            idx = pdf[None, :].expand_as(ll)
+            m = torch.full((ll.shape[0], self.num_pdfs), -math.inf, device=ll.device)
+            m = m.scatter_reduce(1, idx, ll, reduce="amax", include_self=True)
+            s = torch.zeros_like(m).scatter_add_(1, idx, torch.exp(ll - m.gather(1, idx)))
+            out.append(m + s.log())
         return torch.cat(out) if out else x.new_zeros(0, self.num_pdfs)
 
     # ---------------------------------------------------------------- training

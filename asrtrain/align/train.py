@@ -70,6 +70,8 @@ class GmmConfig:
     tree_thresh: float = 0.0             # minimum likelihood gain of a split
     tree_min_count: float = 10.0         # frames on each side of a split
     max_fail_fraction: float = 0.1
+    num_utts: int = 0                    # train on the shortest N utterances (0: all), as
+    #                                      Kaldi's mono on subset_data_dir.sh --shortest
     batch_frames: int = 20000
     device: str = "cpu"
 
@@ -181,6 +183,8 @@ def train_mono(data_dir: Path, lang_dir: Path, out_dir: Path,
     utts, skipped = load_data(data_dir, lang, c.delta_order)
     if not utts:
         raise AsrtrainError(f"{data_dir}: no utterance to train on")
+    if c.num_utts:
+        utts = sorted(utts, key=lambda u: (len(u.feats), u.utt))[:c.num_utts]
     out_dir = Path(out_dir)
     plog = _PassLog(out_dir, "mono")
     for utt, why in sorted(skipped.items()):
@@ -295,6 +299,31 @@ def _write(out_dir: Path, model: AcousticModel, lang: Lang, res: AlignResult, pl
     for name in ("ali.scp", "ali_phone_state.scp"):
         p = out_dir / name
         write_text(p, p.read_text().replace(str(tmp.resolve()), str(out_dir.resolve())))
+
+
+def align_data(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
+               cfg: Mapping | None = None) -> dict:
+    """Align a data dir with a trained model (Kaldi's ``steps/align_si.sh``): ``out_dir`` gets
+    the model (copied), ``ali.{ark,scp}``, ``ali_phone_state.{ark,scp}``, ``log.txt``,
+    ``passes.json``; the next ``train_tri`` can start from it."""
+    c = GmmConfig.from_config(cfg)
+    lang = Lang.read(lang_dir)
+    model = AcousticModel.load(model_dir)
+    utts, skipped = load_data(data_dir, lang, model.delta_order)
+    out_dir = Path(out_dir)
+    plog = _PassLog(out_dir, f"align {Path(model_dir).name}")
+    for utt, why in sorted(skipped.items()):
+        plog(f"skipped {utt}: {why}")
+    res = align(model, lang, utts, asdict(c))
+    check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
+    for utt, why in sorted(res.failed.items()):
+        plog(f"failed {utt}: {why}")
+    plog.record(0, res, res.loglike_per_frame, res.frames, res.seconds, model.gmm.num_gauss())
+    summary = {"kind": "align", "model": str(model_dir), "num_pdfs": model.num_pdfs,
+               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+               "final_loglike_per_frame": res.loglike_per_frame}
+    _write(out_dir, model, lang, res, plog, summary)
+    return summary
 
 
 def import_kaldi_alignment(kaldi_dir: Path, out_dir: Path, num_pdfs: int | None = None) -> int:

@@ -54,18 +54,19 @@ def viterbi_batch(graphs: list[HmmGraph], loglikes: list[torch.Tensor],
         acoustics[:lengths[i], offsets[i]:offsets[i + 1]] = ll.to(device).float()[:, pdf]
     arc_ids = torch.arange(len(src), device=device)
 
-    score = start + acoustic_scale * acoustics[0]
+    scaled = acoustic_scale * acoustics
+    score = start + scaled[0]
     back = torch.full((t_max, total), -1, dtype=torch.int32, device=device)
     for t in range(1, t_max):
         cand = score[src] + weight
         best = torch.full((total,), neg_inf, device=device).scatter_reduce(
             0, dst, cand, reduce="amax", include_self=True)
-        win = (cand == best[dst]) & torch.isfinite(cand)
-        bp = torch.full((total,), -1, dtype=torch.long, device=device).scatter_reduce(
-            0, dst[win], arc_ids[win], reduce="amax", include_self=True)
-        active = len_of_state > t
-        score = torch.where(active, best + acoustic_scale * acoustics[t], score)
-        back[t] = torch.where(active, bp, back[t].long()).int()
+        # an unreachable state (-inf) may record any arc: it is never on a traced path
+        win = cand == best[dst]
+        back[t] = torch.full((total,), -1, dtype=torch.long, device=device).scatter_reduce(
+            0, dst[win], arc_ids[win], reduce="amax", include_self=True).int()
+        # states of utterances that have ended keep their final scores
+        score = torch.where(len_of_state > t, best + scaled[t], score)
 
     end = score + final
     best_end = torch.full((len(graphs),), neg_inf, device=device).scatter_reduce(

@@ -15,7 +15,8 @@ determinization, fine for the tiny and 300 h vocabularies, to revisit for very l
 decodes with kaldi-decoder's FasterDecoder, and times the words by aligning the decoded
 transcript with the training-graph aligner (exact word boundaries, like Kaldi's lattice word
 alignment); it writes ``hyp.txt``, ``hyp.ctm`` and ``wer.json`` (WER against the data dir's
-``text`` per acoustic scale; the best scale is kept, as Kaldi's scoring picks the best LM weight).
+``text`` per acoustic scale; the best scale is kept, as Kaldi's scoring picks the best LM weight;
+with an ``stm`` in the data dir also the Hub5 score of the CTM under ``score/``).
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
             hyps[u.utt] = hyp
         errs = {"ins": 0, "del": 0, "sub": 0, "ref_words": 0}
         for utt, hyp in hyps.items():
-            e = kaldialign.edit_distance(data.text.get(utt, "").split(), hyp)
+            e = kaldialign.edit_distance(_scored(data.text.get(utt, "").split()), _scored(hyp))
             for k in ("ins", "del", "sub"):
                 errs[k] += e[k]
             errs["ref_words"] += e["ref_len"]
@@ -223,9 +224,22 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
         write_text(tmp / "hyp.txt", "".join(f"{u} {' '.join(best_hyps[u])}\n"
                                              for u in sorted(best_hyps)))
         write_ctm(tmp / "hyp.ctm", timed, data)
+        if (Path(data_dir) / "stm").is_file():
+            from asrtrain.score import score_hub5
+
+            glm = Path(data_dir) / "glm"
+            counts = score_hub5(Path(data_dir) / "stm", tmp / "hyp.ctm", tmp / "score",
+                                glm if glm.is_file() else None)
+            summary["hub5_wer"] = {k: round(c.wer, 2) for k, c in counts.items()}
         write_text(tmp / "wer.json", json.dumps(summary, indent=1) + "\n")
     log.info("decode %s: WER %.2f%% (acoustic scale %s)", out_dir, best_errs["wer"], best_key)
     return summary
+
+
+def _scored(words: list[str]) -> list[str]:
+    """Words for the quick WER: lower case, without noise/hesitation markup (``[noise]``,
+    ``(%hesitation)``, ``<unk>``); the Hub5 score from the stm is the official one."""
+    return [w.lower() for w in words if w[:1] not in "[(<%"]
 
 
 def time_words(model: AcousticModel, lang: Lang, utts: list[Utterance],
