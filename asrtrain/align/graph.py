@@ -109,13 +109,15 @@ PdfOf = Callable[[int, int, int, int], int]   # (left, phone, right, pdf_class) 
 
 
 def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np.ndarray],
-              self_loop_scale: float = 0.1, transition_scale: float = 1.0) -> HmmGraph:
+              self_loop_scale: float = 0.1, transition_scale: float = 1.0,
+              scaled: dict[int, np.ndarray] | None = None) -> HmmGraph:
     """Expand a phone DAG to triphones and HMM states.
 
     ``log_trans[phone]`` is a ``[num_states, num_states + 1]`` matrix of log transition
     probabilities (last column: leave the phone).  Kaldi's scaling for alignment: a self-loop gets
     ``self_loop_scale * log p``, the other arcs of a state ``log(q / (1 - p))`` plus
-    ``self_loop_scale * log(1 - p)``, all non-self-loop parts times ``transition_scale``.
+    ``self_loop_scale * log(1 - p)``, all non-self-loop parts times ``transition_scale``;
+    ``scaled`` passes those matrices precomputed (:func:`scale_transitions`) for a batch.
     """
     into: dict[int, list[int]] = {}
     out_of: dict[int, list[int]] = {}
@@ -142,7 +144,8 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
     for arc_i, left, right in cd_nodes:
         rights_of.setdefault((arc_i, left), []).append(right)
 
-    scaled = scale_transitions(log_trans, self_loop_scale, transition_scale)
+    if scaled is None:
+        scaled = scale_transitions(log_trans, self_loop_scale, transition_scale)
 
     pdf, phones, hstate, word, first = [], [], [], [], []
     for arc_i, left, right in cd_nodes:

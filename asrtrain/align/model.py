@@ -23,7 +23,7 @@ import torch
 
 from asrtrain import AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
-from asrtrain.align.graph import PhoneGraph, hmm_graph, phone_graph
+from asrtrain.align.graph import PhoneGraph, hmm_graph, phone_graph, scale_transitions
 from asrtrain.align.tree import Tree
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.data.datadir import DataDir
@@ -206,6 +206,8 @@ def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
     total_ac, frames = 0.0, 0
     order = sorted(utts, key=lambda u: len(u.feats))
     batch: list[Utterance] = []
+    scaled = scale_transitions(model.log_trans, cfg.get("self_loop_scale", 0.1),
+                               cfg.get("transition_scale", 1.0))
 
     def run(batch: list[Utterance]) -> None:
         nonlocal total_ac, frames
@@ -216,9 +218,7 @@ def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
                 pg = phone_graph(lang, u.words)
                 if graphs is not None:
                     graphs[u.utt] = pg
-            hgs.append(hmm_graph(lang, pg, model.tree.pdf, model.log_trans,
-                                 cfg.get("self_loop_scale", 0.1),
-                                 cfg.get("transition_scale", 1.0)))
+            hgs.append(hmm_graph(lang, pg, model.tree.pdf, model.log_trans, scaled=scaled))
         lls = [gmm.loglikes(torch.from_numpy(u.feats).to(device)) for u in batch]
         for u, g, a in zip(batch, hgs, viterbi_batch(hgs, lls, cfg.get("acoustic_scale", 0.1),
                                                      device), strict=True):

@@ -52,22 +52,30 @@ def viterbi_batch(graphs: list[HmmGraph], loglikes: list[torch.Tensor],
     for i, (g, ll) in enumerate(zip(graphs, loglikes, strict=True)):
         pdf = torch.from_numpy(g.pdf).to(device)
         acoustics[:lengths[i], offsets[i]:offsets[i + 1]] = ll.to(device).float()[:, pdf]
-    arc_ids = torch.arange(len(src), device=device)
+    # incoming arcs of every state padded to the largest in-degree: one gather, one max per frame
+    # (the max returns the back-pointer too); padding arcs come from a dummy -inf state
+    order = torch.argsort(dst, stable=True)
+    indeg = torch.bincount(dst, minlength=total)
+    k_max = int(indeg.max()) if len(dst) else 1
+    slot = torch.arange(len(dst), device=device) - (torch.cumsum(indeg, 0) - indeg)[dst[order]]
+    in_src = torch.full((total, k_max), total, dtype=torch.long, device=device)
+    in_w = torch.full((total, k_max), neg_inf, device=device)
+    in_arc = torch.full((total, k_max), -1, dtype=torch.long, device=device)
+    in_src[dst[order], slot] = src[order]
+    in_w[dst[order], slot] = weight[order]
+    in_arc[dst[order], slot] = order
 
     scaled = acoustic_scale * acoustics
-    score = start + scaled[0]
+    score = torch.cat([start + scaled[0], torch.tensor([neg_inf], device=device)])
     back = torch.full((t_max, total), -1, dtype=torch.int32, device=device)
+    active_mask = torch.zeros(total + 1, dtype=torch.bool, device=device)
     for t in range(1, t_max):
-        cand = score[src] + weight
-        best = torch.full((total,), neg_inf, device=device).scatter_reduce(
-            0, dst, cand, reduce="amax", include_self=True)
-        # an unreachable state (-inf) may record any arc: it is never on a traced path
-        win = cand == best[dst]
-        back[t] = torch.full((total,), -1, dtype=torch.long, device=device).scatter_reduce(
-            0, dst[win], arc_ids[win], reduce="amax", include_self=True).int()
+        best, arg = (score[in_src] + in_w).max(dim=1)
+        back[t] = arg.int()
         # states of utterances that have ended keep their final scores
-        score = torch.where(len_of_state > t, best + scaled[t], score)
-
+        active_mask[:total] = len_of_state > t
+        score = torch.where(active_mask, torch.cat([best + scaled[t], score[-1:]]), score)
+    score = score[:total]
     end = score + final
     best_end = torch.full((len(graphs),), neg_inf, device=device).scatter_reduce(
         0, utt_of_state, end, reduce="amax", include_self=True)
@@ -83,7 +91,7 @@ def viterbi_batch(graphs: list[HmmGraph], loglikes: list[torch.Tensor],
         live = (lens > t) & ok
         path[:, t] = torch.where(live, cur, path[:, t])
         if t > 0:
-            arc = back[t][cur].long()
+            arc = in_arc[cur, back[t][cur].long()]     # back-pointer slot -> arc
             prev = src[arc.clamp(min=0)]
             cur = torch.where(live, prev, cur)
 
