@@ -23,13 +23,11 @@ def run_learner(config_path: str | Path) -> Path:
     if not config_path.is_file():
         raise AsrtrainError(f"{config_path}: no such training config")
     cfg = OmegaConf.load(config_path)
-    rank = int(os.environ.get("RANK", 0))
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    threads = int(cfg.trainer.get("threads") or 0) or max(1, (os.cpu_count() or 1) // local)
-    torch.set_num_threads(threads)
-    if rank:
+    if int(os.environ.get("RANK", 0)):
         logging.getLogger().setLevel(logging.WARNING)
-    backend = build_backend(cfg.trainer)
+    backend = build_backend(cfg.trainer)  # on CPUs: cores / learners on this machine threads
+    if int(cfg.trainer.get("threads") or 0):
+        torch.set_num_threads(int(cfg.trainer.threads))
     try:
         return train(cfg, backend)
     finally:
