@@ -77,5 +77,15 @@ def train(config: str, verbose: bool) -> None:
     run_learner(config)
 
 
+def _register() -> None:
+    from asrtrain.distributed.topology import topology_command
+    from asrtrain.score.command import score_command
+
+    main.add_command(score_command, "score")
+    main.add_command(topology_command, "topology")
+
+
+_register()
+
 if __name__ == "__main__":
     main()
