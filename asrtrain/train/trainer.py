@@ -82,10 +82,8 @@ def train(cfg: DictConfig, backend) -> Path:
         if backend.is_main:
             log.info("resuming after epoch %d from %s", start_epoch,
                      checkpoint.model_path(out_dir, start_epoch))
-    backend.setup(model, optimizer)
-
-    def global_samples() -> int:  # samples of all learners, counting those before a resume
-        return resumed_samples + backend.global_samples()
+    backend.setup(model, optimizer, global_samples=resumed_samples)
+    global_samples = backend.global_samples  # all learners' samples, those before a resume too
 
     epochs = int(tcfg.epochs)
     per_epoch = task.steps_per_epoch(backend.data_world)
