@@ -302,6 +302,10 @@ def test_import_kaldi_alignment(tmp_path: Path) -> None:
     assert import_kaldi_alignment(src, tmp_path / "ali") == 2
     got = {k: np.asarray(v) for k, v in kaldiio.load_scp(str(tmp_path / "ali" / "ali.scp")).items()}
     assert got["u1"].tolist() == [0, 0, 3, 3, 2] and got["u2"].dtype == np.int32
+    # Kaldi's binary int32-vector layout, as copy-int-vector reads it: "\0B", then a size byte
+    # and the count, then a size byte before every element
+    raw = (tmp_path / "ali" / "ali.ark").read_bytes()
+    assert b"u2 \x00B\x04\x02\x00\x00\x00\x04\x01\x00\x00\x00\x04\x04\x00\x00\x00" in raw
     with pytest.raises(AsrtrainError, match="outside 0..3"):
         import_kaldi_alignment(src, tmp_path / "ali2", num_pdfs=4)
 
