@@ -124,3 +124,13 @@ def test_self_loops_and_no_disambiguation_symbols_left(setup) -> None:
             assert 0 <= a.ilabel <= info["num_tstates"]
             used.add(a.ilabel)
     assert used - {0} == set(range(1, info["num_tstates"] + 1))
+
+
+def test_decode_needs_a_graph(setup, tmp_path) -> None:
+    from asrtrain import AsrtrainError
+    from asrtrain.decode.graph import decode_gmm
+
+    with pytest.raises(AsrtrainError, match="HCLG.fst: missing"):
+        (tmp_path / "g").mkdir()
+        (tmp_path / "g" / "info.json").write_text("{}")
+        decode_gmm(setup["root"] / "model", tmp_path / "g", tmp_path / "data", tmp_path / "out")

@@ -167,6 +167,9 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     (7000), ``self_loop_scale``/``transition_scale`` for the timing alignment, ``device``."""
     cfg = dict(cfg or {})
     model_dir, graph_dir, out_dir = Path(model_dir), Path(graph_dir), Path(out_dir)
+    for name in ("info.json", "HCLG.fst", "tstates.txt", "words.txt"):
+        if not (graph_dir / name).is_file():
+            raise AsrtrainError(f"{graph_dir / name}: missing; run make_graph for this model")
     info = json.loads((graph_dir / "info.json").read_text())
     lang = Lang.read(Path(info["lang_dir"]))
     model = AcousticModel.load(model_dir)
