@@ -329,13 +329,18 @@ def test_gmm_mixup_and_update_keep_a_valid_model() -> None:
     assert sorted(gmm.means[0, :, 0].tolist()) == pytest.approx([-3, 3], abs=0.3)
 
 
-def test_decode_mono_and_tri_with_hclg(corpus, mono, tri1) -> None:
+def test_decode_mono_tri1_tri2_with_hclg(corpus, mono, tri1) -> None:
     """HCLG per model, decoded on held-out sentences: words, a CTM inside each utterance."""
     root = corpus["root"]
     data = DataDir.read(corpus["train"])
     train_lm(list(data.text.values()), corpus["lang"], root / "lm", order=3)
     test = DataDir.read(corpus["test"])
-    for name, model_dir, max_wer in (("mono", mono, 40.0), ("tri1", tri1, 40.0)):
+    # tri2: a second triphone pass on tri1's alignment with more leaves
+    tri2 = root / "exp" / "tri2"
+    s2 = train_tri(corpus["train"], corpus["lang"], tri1, tri2, dict(TRI, num_leaves=160))
+    assert s2["num_pdfs"] > AcousticModel.load(tri1).num_pdfs
+    for name, model_dir, max_wer in (("mono", mono, 40.0), ("tri1", tri1, 40.0),
+                                     ("tri2", tri2, 40.0)):
         info = make_graph(corpus["lang"], root / "lm", model_dir, root / f"graph_{name}")
         assert info["num_pdfs"] == AcousticModel.load(model_dir).num_pdfs
         out = root / f"decode_{name}"
