@@ -37,7 +37,7 @@ lint: install
 	$(VENV)/bin/ruff check asrtrain tests bench
 
 bench: install
-	$(VENV)/bin/python -m bench.run
+	$(VENV)/bin/python bench/run.py all $(BENCH_ARGS)
 
 $(STAGES): install system-deps
 	$(ASRTRAIN) run $(RECIPE) --stage $@ --to $@ $(ARGS)

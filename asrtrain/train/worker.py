@@ -25,6 +25,11 @@ def run_learner(config_path: str | Path) -> Path:
     cfg = OmegaConf.load(config_path)
     if int(os.environ.get("RANK", 0)):
         logging.getLogger().setLevel(logging.WARNING)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        # Under torchrun, learner 0 also writes the stage's log (one process runs it already).
+        handler = logging.FileHandler(Path(cfg.exp_dir) / "log" / "train.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(handler)
     backend = build_backend(cfg.trainer)  # on CPUs: cores / learners on this machine threads
     if int(cfg.trainer.get("threads") or 0):
         torch.set_num_threads(int(cfg.trainer.threads))

@@ -1,0 +1,64 @@
+"""End to end: the tiny recipe through every stage with the real CLI, and with each backend."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.epochs=1",
+         "trainer.batch_frames=4000", "trainer.log_every=5", "nj=2"]
+WER_LINE = re.compile(r"^eval2000 (all|swbd|callhm): WER (\d+\.\d+)% \[ (\d+) / (\d+),", re.M)
+
+
+def asrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny") / "exp"
+
+
+def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL)
+    wers = {m.group(1): (float(m.group(2)), int(m.group(4))) for m in WER_LINE.finditer(out.stdout)}
+    assert set(wers) == {"all", "swbd", "callhm"}
+    assert wers["all"][1] == wers["swbd"][1] + wers["callhm"][1] > 0
+    for stage in ("prepare", "lang", "features", "train", "decode", "score"):
+        assert (exp / ".done" / stage).is_file()
+        assert f"stage {stage}" in out.stderr
+    assert (exp / "decode" / "blstm_tiny" / "eval2000" / "score" / "ctm.filt.sys").is_file()
+    again = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL)
+    assert "nothing to do" in again.stderr and "starts" not in again.stderr
+
+
+@pytest.mark.parametrize("backend, extra", [
+    ("ssgd", []), ("adpsgd", ["trainer.topology=random_ring"]),
+    ("hadpsgd", ["trainer.per_node=2"])])
+def test_tiny_recipe_trains_with_four_learners(exp: Path, backend: str, extra: list[str]) -> None:
+    if not (exp / ".done" / "features").is_file():
+        asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--to", "features", *SMALL)
+    name = f"blstm_{backend}"
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train", *SMALL,
+                   f"model.name={name}", f"trainer.backend={backend}", "trainer.learners=4",
+                   *extra)
+    log = (exp / "log" / "train.log").read_text()
+    assert f"backend {backend}" in log
+    if backend != "ssgd":
+        assert "spectral gap" in log
+    final = torch.load(exp / "train" / name / "final.pt", map_location="cpu",
+                       weights_only=False)
+    assert final["epoch"] == 1 and final["metrics"]["global_samples"] > 0
+    assert len(WER_LINE.findall(out.stdout)) == 3
