@@ -62,3 +62,13 @@ def test_tiny_recipe_trains_with_four_learners(exp: Path, backend: str, extra: l
                        weights_only=False)
     assert final["epoch"] == 1 and final["metrics"]["global_samples"] > 0
     assert len(WER_LINE.findall(out.stdout)) == 3
+
+
+def test_bad_corpus_path_is_one_clear_error(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                           f"exp_dir={tmp_path / 'exp'}", f"corpus.root={tmp_path / 'nowhere'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert f"asrtrain: error: {tmp_path / 'nowhere'}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "exp" / ".done" / "prepare").exists()
