@@ -28,7 +28,7 @@ def _tagged(tmp_path: Path, lengths: list[int]) -> tuple[Path, Path]:
     ali.mkdir()
     d = DataDir()
     with kaldiio.WriteHelper(f"ark,scp:{tmp_path}/f.ark,{tmp_path}/f.scp") as wf, \
-            kaldiio.WriteHelper(f"ark,scp:{ali}/pdf_ali.ark,{ali}/pdf_ali.scp") as wa:
+            kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp") as wa:
         for i, n in enumerate(lengths):
             utt = f"spk{i % 2}-u{i:02d}"
             t = np.arange(n)
@@ -83,13 +83,13 @@ def test_priors_from_counts(tmp_path: Path) -> None:
 
 def test_bad_alignments_name_file_and_utterance(tmp_path: Path) -> None:
     data, ali = _tagged(tmp_path, [30, 40])
-    with kaldiio.WriteHelper(f"ark,scp:{ali}/pdf_ali.ark,{ali}/pdf_ali.scp") as wa:
+    with kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp") as wa:
         wa("spk0-u00", np.zeros(30, dtype=np.int32))
         wa("spk1-u01", np.zeros(39, dtype=np.int32))
     cs = ChunkSet(data, ali, chunk=21, max_missing=0.5)
     with pytest.raises(AsrtrainError, match="spk1-u01 has 39 frames of alignment for 40"):
         list(cs.batches(None, 0, 1, 2))
-    (ali / "pdf_ali.scp").write_text((ali / "pdf_ali.scp").read_text().splitlines()[0] + "\n")
+    (ali / "ali.scp").write_text((ali / "ali.scp").read_text().splitlines()[0] + "\n")
     with pytest.raises(AsrtrainError, match="1 of 2 utterances .* have no alignment"):
         ChunkSet(data, ali, chunk=21)
     (ali / "num_pdfs").unlink()

@@ -61,12 +61,12 @@ def chunk_starts(num_frames: int, chunk: int) -> list[int]:
 
 
 def read_alignments(ali_dir: str | Path) -> tuple[dict[str, str], int]:
-    """The ``pdf_ali.scp`` (utterance → int32 pdf-id vector) and ``num_pdfs`` of an align dir."""
+    """The ``ali.scp`` (utterance → int32 pdf-id vector) and ``num_pdfs`` of an align dir."""
     ali_dir = Path(ali_dir)
-    scp, num = ali_dir / "pdf_ali.scp", ali_dir / "num_pdfs"
+    scp, num = ali_dir / "ali.scp", ali_dir / "num_pdfs"
     for p in (scp, num):
         if not p.is_file():
-            raise AsrtrainError(f"{p}: missing; the alignment stage writes pdf_ali.scp and "
+            raise AsrtrainError(f"{p}: missing; the alignment stage writes ali.scp and "
                                 "num_pdfs (or import Kaldi alignments with align.source=kaldi)")
     try:
         num_pdfs = int(num.read_text().split()[0])
@@ -94,7 +94,7 @@ class ChunkSet:
         self.utts = [u for u in data.utts if u in self.ali]
         missing = len(data.utts) - len(self.utts)
         if missing > max_missing * len(data.utts) or not self.utts:
-            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: {missing} of {len(data.utts)} "
+            raise AsrtrainError(f"{self.ali_dir}/ali.scp: {missing} of {len(data.utts)} "
                                 f"utterances of {self.data_dir} have no alignment (more than "
                                 f"{max_missing:.0%}); align this data dir")
         if missing:
@@ -114,12 +114,12 @@ class ChunkSet:
         try:
             ali = np.asarray(kaldiio.load_mat(self.ali[utt]), dtype=np.int64)
         except Exception as e:
-            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: utterance {utt}: {e}") from e
+            raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt}: {e}") from e
         if ali.shape != (feats.shape[0],):
-            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: utterance {utt} has {ali.shape[0]} "
+            raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt} has {ali.shape[0]} "
                                 f"frames of alignment for {feats.shape[0]} frames of features")
         if ali.size and (ali.min() < 0 or ali.max() >= self.num_pdfs):
-            raise AsrtrainError(f"{self.ali_dir}/pdf_ali.scp: utterance {utt} has pdf ids outside "
+            raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt} has pdf ids outside "
                                 f"[0, {self.num_pdfs})")
         return feats, ali
 
