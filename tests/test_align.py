@@ -34,6 +34,9 @@ from asrtrain.lang.ngram import train_lm
 WORDS = ("one two three four five six seven eight nine zero yes no hello world the cat dog "
          "sat on mat big red blue green house").split()
 VOICES = ["en-us", "en-gb", "en-gb-scotland", "en-029"]
+# the session fixtures run espeak-ng, sox and GMM training inside the first tests that use them
+pytestmark = pytest.mark.timeout(600)
+
 MONO = {"num_iters": 8, "totgauss": 250, "realign_iters": [1, 2, 3, 4, 5, 6, 8],
         "max_iter_inc": 6, "min_gaussian_occupancy": 3}
 TRI = {"num_iters": 6, "num_leaves": 120, "num_gauss": 400, "realign_iters": [3, 6],
