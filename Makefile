@@ -19,12 +19,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 # Debian packages: sox (picks a channel of 2-channel SPHERE in wav.scp pipes, as Kaldi's
-# sph2pipe does) and SCTK (sclite, hubscr.pl: score.backend=sclite and the parity tests).
+# sph2pipe does), SCTK (sclite, hubscr.pl: score.backend=sclite and the parity tests) and
+# espeak-ng (regenerating data/tiny; the aligner's tests speak their own sentences).
+DEBS := sox sctk espeak-ng
 system-deps:
-	@if ! command -v sox >/dev/null || ! [ -x /usr/lib/sctk/bin/hubscr.pl ]; then \
+	@if ! command -v sox >/dev/null || ! command -v espeak-ng >/dev/null \
+	    || ! [ -x /usr/lib/sctk/bin/hubscr.pl ]; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq sox sctk) >/dev/null; \
-	  else echo "please install sox and sctk: sudo apt-get install sox sctk"; exit 1; fi; \
+	    (apt-get update -qq && apt-get install -y -qq $(DEBS)) >/dev/null; \
+	  else echo "please install: sudo apt-get install $(DEBS)"; exit 1; fi; \
 	fi
 
 smoke: install system-deps
