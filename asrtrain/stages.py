@@ -42,17 +42,103 @@ def stage_lang(cfg: DictConfig, paths: Paths) -> None:
 
     train = DataDir.read(paths.data / cfg.sets.train)
     texts = [train.text[u] for u in train.utts]
-    paths.lang.mkdir(parents=True, exist_ok=True)
+    if (paths.dict_dir / "lexicon.txt").is_file():
+        from asrtrain.lang.lexicon import prepare_lang
+
+        # prepare_lang builds the whole directory anew, so it comes first.
+        prepare_lang(paths.dict_dir, paths.lang, sil_prob=float(cfg.lang.get("sil_prob", 0.5)))
+    else:
+        words = sorted({w for t in texts for w in t.split()})
+        with atomic_open(paths.lang / "words.txt", "w", encoding="utf-8") as f:
+            f.write("".join(f"{w} {i}\n" for i, w in enumerate(["<eps>", *words])))
+        log.info("lang: no dict dir, so no lexicon: %d words in %s", len(words), paths.lang)
     train_units(texts, paths.lang / "units.model", vocab_size=int(cfg.lang.vocab_size),
                 model_type=str(cfg.lang.unit_type))
-    words = sorted({w for t in texts for w in t.split()})
-    table = ["<eps> 0"] + [f"{w} {i}" for i, w in enumerate(words, 1)]
-    with atomic_open(paths.lang / "words.txt", "w", encoding="utf-8") as f:
-        f.write("\n".join(table) + "\n")
-    lexicon = paths.dict_dir / "lexicon.txt"
-    if lexicon.is_file():
-        shutil.copyfile(lexicon, paths.lang / "lexicon.txt")
-    log.info("lang: %d words in %s", len(words), paths.lang)
+
+
+def stage_lm(cfg: DictConfig, paths: Paths) -> None:
+    from asrtrain.lang.ngram import train_lm
+
+    train = DataDir.read(paths.data / cfg.sets.train)
+    train_lm([train.text[u] for u in train.utts], paths.lang, paths.lm, order=int(cfg.lm.order),
+             prune_threshold=float(cfg.lm.prune_threshold))
+
+
+def mfcc_dir(paths: Paths, name: str) -> Path:
+    """The copy of data set ``name`` that carries MFCCs for the GMMs (Kaldi: a second data dir)."""
+    return paths.data / f"{name}_mfcc"
+
+
+def stage_mfcc(cfg: DictConfig, paths: Paths) -> None:
+    from asrtrain.features import FeatureOptions, compute_features
+
+    dirs = []
+    for name in _sets(cfg):
+        data = DataDir.read(paths.data / name)
+        copy = data.subset(data.utts)
+        copy.feats, copy.cmvn, copy.utt2num_frames = {}, {}, {}
+        for table in ("feats.scp", "cmvn.scp", "utt2num_frames"):
+            (mfcc_dir(paths, name) / table).unlink(missing_ok=True)
+        copy.write(mfcc_dir(paths, name))
+        for extra in ("stm", "glm"):
+            if (paths.data / name / extra).is_file():
+                shutil.copyfile(paths.data / name / extra, mfcc_dir(paths, name) / extra)
+        dirs.append(mfcc_dir(paths, name))
+    opts = FeatureOptions.from_config(
+        {**cfg.mfcc, "resample": bool(cfg.corpus.get("resample", False))})
+    compute_features(dirs, paths.exp / "feats", opts, nj=int(cfg.nj))
+
+
+def stage_align(cfg: DictConfig, paths: Paths) -> None:
+    """GMM passes (mono, tri1, tri2 ...) in order, each skipped if done with the same options;
+    each pass is decoded on the test sets when align.decode is set (its WER checks it); the last
+    pass's model also aligns the dev set for the hybrid model's held-out figures."""
+    import json
+
+    from asrtrain.align import align_data, import_kaldi_alignment, train_mono, train_tri
+    from asrtrain.recipe import config_hash
+
+    train_dir = mfcc_dir(paths, cfg.sets.train)
+    if cfg.align.source == "kaldi":
+        if not cfg.align.kaldi_dir:
+            raise AsrtrainError("align.source=kaldi needs align.kaldi_dir (an ali-to-pdf dir)")
+        import_kaldi_alignment(Path(cfg.align.kaldi_dir), paths.align / "kaldi",
+                               cfg.align.num_pdfs)
+        return
+    previous = ""
+    for name, opts in cfg.align.passes.items():
+        out = paths.align / name
+        digest = config_hash(cfg.align.passes, [name], previous)
+        previous = digest
+        marker = out / ".done"
+        if marker.is_file() and marker.read_text().strip() == digest:
+            log.info("align %s: done already (%s), skipped", name, digest)
+            continue
+        gmm = {k: v for k, v in OmegaConf.to_container(opts).items() if k != "from"}
+        if opts["from"] is None:
+            train_mono(train_dir, paths.lang, out, gmm)
+        else:
+            train_tri(train_dir, paths.lang, paths.align / opts["from"], out, gmm)
+        if cfg.align.decode:
+            from asrtrain.decode.graph import decode_gmm, make_graph
+
+            make_graph(paths.lang, paths.lm, out, out / "graph")
+            for test in cfg.sets.test:
+                result = decode_gmm(out, out / "graph", mfcc_dir(paths, test),
+                                    out / f"decode_{test}", {})
+                log.info("align %s: %s: %s", name, test, json.dumps(result, default=str)[:400])
+        (out / ".done").write_text(digest + "\n")
+    last = list(cfg.align.passes)[-1]
+    align_data(mfcc_dir(paths, cfg.sets.dev), paths.lang, paths.align / last,
+               paths.align / f"{last}_ali_{cfg.sets.dev}", {})
+
+
+def final_alignments(cfg: DictConfig, paths: Paths) -> dict[str, str]:
+    if cfg.align.source == "kaldi":
+        return {"train": str(paths.align / "kaldi"), "dev": str(paths.align / "kaldi")}
+    last = list(cfg.align.passes)[-1]
+    return {"train": str((paths.align / last).resolve()),
+            "dev": str((paths.align / f"{last}_ali_{cfg.sets.dev}").resolve())}
 
 
 def stage_features(cfg: DictConfig, paths: Paths) -> None:
@@ -68,7 +154,9 @@ def train_dir(cfg: DictConfig, paths: Paths) -> Path:
     return paths.train / str(cfg.model.name)
 
 
-def stage_train(cfg: DictConfig, paths: Paths) -> None:
+def run_training(cfg: DictConfig, paths: Paths) -> Path:
+    """Train ``cfg.model`` with ``cfg.trainer``: in this process for one learner, else under
+    torchrun; return the final model's path."""
     out = train_dir(cfg, paths)
     out.mkdir(parents=True, exist_ok=True)
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -90,6 +178,38 @@ def stage_train(cfg: DictConfig, paths: Paths) -> None:
     if not (out / "final.pt").is_file():
         raise AsrtrainError(f"{out}/final.pt: training ended without a final model "
                             f"(see {paths.logs / 'train.log'})")
+    return out / "final.pt"
+
+
+def stage_train(cfg: DictConfig, paths: Paths) -> None:
+    run_training(cfg, paths)
+
+
+def hybrid_config(cfg: DictConfig, paths: Paths) -> DictConfig:
+    """The recipe's config with the hybrid model and its trainer settings in place."""
+    hcfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    hcfg.model = OmegaConf.merge(hcfg.hybrid.model, {"alignments": final_alignments(cfg, paths)})
+    hcfg.trainer = OmegaConf.merge(hcfg.trainer, hcfg.hybrid.get("trainer") or {})
+    return hcfg
+
+
+def stage_train_hybrid(cfg: DictConfig, paths: Paths) -> None:
+    run_training(hybrid_config(cfg, paths), paths)
+
+
+def stage_decode_hybrid(cfg: DictConfig, paths: Paths) -> None:
+    from asrtrain.decode.graph import make_graph
+    from asrtrain.decode.hybrid import decode_hybrid
+
+    hcfg = hybrid_config(cfg, paths)
+    last = Path(hcfg.model.alignments.train)
+    graph = last / "graph"
+    if not (graph / "HCLG.fst").is_file():
+        make_graph(paths.lang, paths.lm, last, graph)
+    for name in cfg.sets.test:
+        decode_hybrid(train_dir(hcfg, paths) / "final.pt", graph, paths.data / name,
+                      paths.decode / str(hcfg.model.name) / name,
+                      OmegaConf.to_container(hcfg.hybrid.get("decode") or {}))
 
 
 def stage_decode(cfg: DictConfig, paths: Paths) -> None:
@@ -137,9 +257,18 @@ def stage_score(cfg: DictConfig, paths: Paths) -> None:
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("prepare", stage_prepare, ("corpus", "sets"),
           "corpus -> Kaldi data dirs (wav.scp segments text utt2spk spk2utt; stm glm)"),
-    Stage("lang", stage_lang, ("lang",), "sentencepiece units, words.txt, lexicon"),
+    Stage("lang", stage_lang, ("lang",),
+          "phones, words.txt, L.fst from the dict dir; sentencepiece units"),
+    Stage("lm", stage_lm, ("lm",), "Kneser-Ney n-gram (ARPA) and G.fst"),
     Stage("features", stage_features, ("features",), "fbank features, per-speaker CMVN stats"),
     Stage("train", stage_train, ("model", "trainer"), "acoustic model training"),
     Stage("decode", stage_decode, ("decode",), "decoding of the test sets to CTM"),
     Stage("score", stage_score, ("score",), "WER for SWB, CallHome and all (Hub5 rules)"),
+    Stage("mfcc", stage_mfcc, ("mfcc",), "MFCC copies of the data sets for the GMMs"),
+    Stage("align", stage_align, ("align",),
+          "GMM-HMM passes (mono, tri1, tri2), pdf alignments, HCLG decoding of each"),
+    Stage("train_hybrid", stage_train_hybrid, ("hybrid",),
+          "hybrid BLSTM, frame CE on chunks of the alignments' pdf ids"),
+    Stage("decode_hybrid", stage_decode_hybrid, ("hybrid",),
+          "hybrid decoding through HCLG, LM-weight sweep, Hub5 scoring"),
 ]}

@@ -100,15 +100,14 @@ class FrameCETask:
     def __init__(self, cfg: DictConfig) -> None:
         exp = Path(cfg.exp_dir)
         feats, t = cfg.features, cfg.trainer
-        ali_root = Path(cfg.model.alignments)
+        ali = cfg.model.alignments  # {train: align dir, dev: align dir} (the align stage's)
         args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
                     norm_vars=bool(feats.norm_vars))
-        self.train_set = ChunkSet(exp / "data" / cfg.sets.train, ali_root / cfg.sets.train,
-                                  **args)
-        self.dev_set = ChunkSet(exp / "data" / cfg.sets.dev, ali_root / cfg.sets.dev, **args)
+        self.train_set = ChunkSet(exp / "data" / cfg.sets.train, ali.train, **args)
+        self.dev_set = ChunkSet(exp / "data" / cfg.sets.dev, ali.dev, **args)
         if self.dev_set.num_pdfs != self.train_set.num_pdfs:
-            raise AsrtrainError(f"{ali_root}: train and dev alignments have different numbers "
-                                "of pdfs")
+            raise AsrtrainError(f"{ali.dev}: {self.dev_set.num_pdfs} pdfs, but the training "
+                                f"alignments in {ali.train} have {self.train_set.num_pdfs}")
         self.batch_size = int(t.batch_chunks)
         self.block_utts = int(t.get("block_utts", 256))
         self.seed = int(t.seed)
