@@ -26,6 +26,7 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import kaldi_decoder
@@ -155,8 +156,35 @@ def make_graph(lang_dir: Path, lm_dir: Path, model_dir: Path, graph_dir: Path,
 
 
 def _read_tstates(graph_dir: Path) -> np.ndarray:
+    """``[num_tstates, 3]``: (phone, hmm_state, pdf) of transition state ``label - 1``."""
     rows = [ln.split() for ln in (graph_dir / "tstates.txt").read_text().splitlines()]
-    return np.array([int(r[3]) for r in rows], dtype=np.int64)
+    return np.array([[int(r[1]), int(r[2]), int(r[3])] for r in rows], dtype=np.int64)
+
+
+@dataclass
+class Graph:
+    """A graph dir read back for decoding (``hclg`` must stay referenced while a decoder that
+    was given it is in use: kaldi-decoder keeps only a C++ pointer)."""
+
+    info: dict
+    hclg: kaldifst.StdVectorFst
+    words: SymbolTable
+    tstates: np.ndarray       # [num_tstates, 3] (phone, hmm_state, pdf) of label - 1
+
+    @property
+    def tstate_pdf(self) -> torch.Tensor:
+        return torch.from_numpy(self.tstates[:, 2].copy())
+
+
+def load_graph(graph_dir: Path) -> Graph:
+    """Read ``make_graph``'s output, naming the first missing file."""
+    graph_dir = Path(graph_dir)
+    for name in ("info.json", "HCLG.fst", "tstates.txt", "words.txt"):
+        if not (graph_dir / name).is_file():
+            raise AsrtrainError(f"{graph_dir / name}: missing; run make_graph for this model")
+    info = json.loads((graph_dir / "info.json").read_text())
+    return Graph(info, kaldifst.StdVectorFst.read(str(graph_dir / "HCLG.fst")),
+                 SymbolTable.read(graph_dir / "words.txt"), _read_tstates(graph_dir))
 
 
 def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
@@ -167,18 +195,14 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     (7000), ``self_loop_scale``/``transition_scale`` for the timing alignment, ``device``."""
     cfg = dict(cfg or {})
     model_dir, graph_dir, out_dir = Path(model_dir), Path(graph_dir), Path(out_dir)
-    for name in ("info.json", "HCLG.fst", "tstates.txt", "words.txt"):
-        if not (graph_dir / name).is_file():
-            raise AsrtrainError(f"{graph_dir / name}: missing; run make_graph for this model")
-    info = json.loads((graph_dir / "info.json").read_text())
+    graph = load_graph(graph_dir)
+    info, words, tstate_pdf = graph.info, graph.words, graph.tstate_pdf
     lang = Lang.read(Path(info["lang_dir"]))
     model = AcousticModel.load(model_dir)
     if info["num_pdfs"] != model.num_pdfs:
         raise AsrtrainError(f"{graph_dir}: built for {info['num_pdfs']} pdfs, the model in "
                             f"{model_dir} has {model.num_pdfs}; rebuild the graph")
-    words = SymbolTable.read(graph_dir / "words.txt")
-    tstate_pdf = torch.from_numpy(_read_tstates(graph_dir))
-    hclg = kaldifst.StdVectorFst.read(str(graph_dir / "HCLG.fst"))   # referenced while decoding
+    hclg = graph.hclg   # referenced while decoding
     opts = kaldi_decoder.FasterDecoderOptions()
     opts.beam = float(cfg.get("beam", 13.0))
     opts.max_active = int(cfg.get("max_active", 7000))

@@ -1,0 +1,457 @@
+"""Hybrid decoding: a frame cross-entropy BLSTM's pdf posteriors through HCLG, Kaldi style.
+
+Pseudo log-likelihoods (Kaldi's nnet decoding): ``acoustic_scale * (log p(pdf | x) - prior_scale *
+log p(pdf))``, the posteriors from the BLSTM run over each utterance cut into the ``chunk``-frame
+chunks it was trained on (``chunks.chunk_starts``; the overlapping last chunk contributes only
+the frames the chunk before it did not cover), the priors from the training alignments (stored in
+the checkpoint).  They are decoded through ``make_graph``'s HCLG with kaldi-decoder's
+``LatticeSimpleDecoder``, which gives a state-level lattice per utterance (graph and acoustic
+costs kept apart) — so the network and the search run once, and the scoring sweep of Kaldi's
+``local/score_sclite.sh`` (``lattice-scale --inv-acoustic-scale=LMWT | lattice-add-penalty
+--word-ins-penalty=WIP | lattice-best-path``) is done on the lattices: for every LM weight
+``lmwt`` and word insertion penalty ``wip`` the best path minimises
+``graph_cost + wip * words + acoustic_cost / lmwt`` (acoustic cost unscaled, i.e. divided back
+by ``acoustic_scale``).  The lattice decoder of kaldi-decoder prunes with ``beam`` only: it has
+no ``max_active``.  ``decoder: faster`` instead runs kaldi-decoder's ``FasterDecoder`` (which
+caps the active states at ``max_active`` but gives no lattice) once per LM weight, with the
+acoustic scale ``1/lmwt`` and no insertion penalty.
+
+Words are timed from the best path's transition states: word-position phones (``_B _I _E _S``)
+give the word boundaries, as Kaldi's ``lattice-align-words`` does with ``word_boundary.int``.
+Each setting's CTM is scored (Hub5 rules with the data dir's ``stm``, plain WER on ``text``
+otherwise) and, as Kaldi does, the setting with the lowest WER on the scored set itself is kept,
+unless ``lmwt``/``wip`` fix it.  Outputs: ``out_dir/ctm``, ``out_dir/text``, ``out_dir/score/``
+(reports of the chosen setting), ``out_dir/sweep.json`` (every setting's WER, RTF, settings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import kaldi_decoder
+import kaldifst
+import kaldiio
+import numpy as np
+import torch
+from kaldifst.lib._kaldifst import _ArcIteratorLattice
+
+from asrtrain import AsrtrainError
+from asrtrain.data.datadir import DataDir, write_table
+from asrtrain.decode.ctc import TimedWord, write_ctm
+from asrtrain.decode.graph import Graph, load_graph
+from asrtrain.fileio import atomic_dir, write_text
+from asrtrain.lang.phones import PhoneSet
+from asrtrain.train.chunks import chunk_starts
+from asrtrain.train.data import load_transform
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {"decoder": "lattice", "acoustic_scale": 0.1, "prior_scale": 1.0, "beam": 15.0,
+            "lattice_beam": 8.0, "max_active": 7000,
+            "min_lmwt": 7, "max_lmwt": 17, "wips": [0.0, 0.5, 1.0], "lmwt": None, "wip": None,
+            "batch_chunks": 256, "threads": 0, "device": "cpu"}
+
+
+def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
+                  cfg: Mapping | None = None) -> dict:
+    """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
+
+    ``cfg`` keys (defaults in ``DEFAULTS``): ``decoder`` (lattice | faster), ``acoustic_scale``
+    (0.1), ``prior_scale`` (1.0), ``beam`` (15), ``lattice_beam`` (8, lattice decoder),
+    ``max_active`` (7000, faster decoder), ``min_lmwt``..``max_lmwt`` (7..17) and ``wips``
+    ([0, 0.5, 1]) for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
+    this set, ``batch_chunks`` (chunks per forward pass), ``threads`` (torch CPU threads, 0:
+    leave as is), ``device``.  Returns the summary written to ``sweep.json``.
+    """
+    from asrtrain.models import build_model
+    from asrtrain.train import checkpoint
+
+    c = _config(cfg)
+    model_path, graph_dir, data_dir, out_dir = map(Path, (model_path, graph_dir, data_dir, out_dir))
+    graph = load_graph(graph_dir)
+    ckpt = checkpoint.load(model_path)
+    for key in ("model", "model_config", "input_dim", "output_dim", "features", "log_priors"):
+        if key not in ckpt:
+            raise AsrtrainError(f"{model_path}: no {key!r} in the checkpoint; a hybrid model is "
+                                "trained with model.head=ce")
+    if int(ckpt["output_dim"]) != int(graph.info["num_pdfs"]):
+        raise AsrtrainError(f"{model_path}: the model has {ckpt['output_dim']} outputs but "
+                            f"{graph_dir / 'HCLG.fst'} was built for {graph.info['num_pdfs']} "
+                            "pdfs; train on this graph's alignments or rebuild the graph")
+    if int(c["threads"]) > 0:
+        torch.set_num_threads(int(c["threads"]))
+    device = torch.device(str(c["device"]))
+    model = build_model(ckpt["model_config"], int(ckpt["input_dim"]), int(ckpt["output_dim"]))
+    model.load_state_dict(ckpt["model"])
+    model.to(device).eval()
+    feats_cfg = ckpt["features"]
+    frame_shift = float(feats_cfg.get("frame_shift", 10.0)) / 1000
+    priors = torch.as_tensor(ckpt["log_priors"], dtype=torch.float32)
+    if priors.shape != (int(ckpt["output_dim"]),):
+        raise AsrtrainError(f"{model_path}: log_priors has shape {tuple(priors.shape)}, expected "
+                            f"[{ckpt['output_dim']}]")
+    data = DataDir.read(data_dir)
+    utts = _feature_reader(data, data_dir, int(feats_cfg.get("delta_order", 0)),
+                           bool(feats_cfg.get("norm_vars", False)), int(ckpt["input_dim"]))
+    loglikes = pseudo_loglikes(model, utts, priors, int(ckpt.get("chunk", 21)),
+                               float(c["prior_scale"]), float(c["acoustic_scale"]),
+                               int(c["batch_chunks"]), device)
+    return decode_loglikes(loglikes, graph, data_dir, out_dir, c, frame_shift)
+
+
+def decode_loglikes(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph | Path,
+                    data_dir: Path, out_dir: Path, cfg: Mapping | None = None,
+                    frame_shift: float = 0.01) -> dict:
+    """Steps 2 and 3 of ``decode_hybrid`` for any source of scaled pdf log-likelihoods:
+    (utterance, [frames, num_pdfs] float32, seconds spent computing them) per utterance."""
+    c = _config(cfg)
+    if not isinstance(graph, Graph):
+        graph = load_graph(Path(graph))
+    settings = _settings(c)
+    hyps, stats = decode_sweep(loglikes, graph, settings, c, frame_shift)
+    return score_sweep(hyps, settings, c, DataDir.read(data_dir), Path(data_dir), Path(out_dir),
+                       stats)
+
+
+def _config(cfg: Mapping | None) -> dict:
+    unknown = sorted(set(cfg or {}) - set(DEFAULTS))
+    if unknown:
+        raise AsrtrainError(f"decode config: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
+    return {**DEFAULTS, **dict(cfg or {})}
+
+
+# ---------------------------------------------------------------------------- acoustic model
+def _feature_reader(data: DataDir, data_dir: Path, delta_order: int, norm_vars: bool,
+                    input_dim: int) -> Iterator[tuple[str, np.ndarray]]:
+    """(utterance, transformed features) in the data dir's order; errors name feats.scp."""
+    if not data.feats:
+        raise AsrtrainError(f"{data_dir / 'feats.scp'}: missing; run the features stage (fbank "
+                            "as the model was trained on)")
+    missing = [u for u in data.utts if u not in data.feats]
+    if missing:
+        raise AsrtrainError(f"{data_dir / 'feats.scp'}: no features for {len(missing)} "
+                            f"utterances, e.g. {missing[0]}; rerun the features stage")
+    transform = load_transform(data, data_dir, delta_order, norm_vars)
+
+    def read() -> Iterator[tuple[str, np.ndarray]]:
+        for utt in data.utts:
+            try:
+                m = transform(utt, kaldiio.load_mat(data.feats[utt]))
+            except Exception as e:
+                raise AsrtrainError(f"{data_dir / 'feats.scp'}: utterance {utt}: {e}") from e
+            if m.shape[1] != input_dim:
+                raise AsrtrainError(f"{data_dir / 'feats.scp'}: utterance {utt} has "
+                                    f"{m.shape[1]}-dim features after the transform, the model "
+                                    f"takes {input_dim}; use the model's feature config")
+            yield utt, np.asarray(m, dtype=np.float32)
+
+    return read()
+
+
+@torch.no_grad()
+def pseudo_loglikes(model: torch.nn.Module, utts: Iterator[tuple[str, np.ndarray]],
+                    log_priors: torch.Tensor, chunk: int, prior_scale: float,
+                    acoustic_scale: float, batch_chunks: int,
+                    device: torch.device | None = None,
+                    ) -> Iterator[tuple[str, np.ndarray, float]]:
+    """Yield (utterance, scaled pdf log-likelihoods [frames, pdfs] float32, network seconds).
+
+    Utterances are grouped until their chunks fill ``batch_chunks`` (one long utterance may be
+    several forward passes); an utterance is yielded as soon as its group is done, so only one
+    group's outputs are ever in memory (32k pdfs x frames is large)."""
+    device = device or torch.device("cpu")
+    priors = (prior_scale * log_priors).to(device)
+    group: list[tuple[str, np.ndarray]] = []
+    size = 0
+
+    def run(group: list[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray, float]]:
+        t0 = time.time()
+        pieces, where = [], []
+        for i, (_, feats) in enumerate(group):
+            for s in chunk_starts(len(feats), chunk):
+                piece = feats[s: s + chunk]
+                pieces.append((piece, len(piece)))
+                where.append((i, s))
+        dim = group[0][1].shape[1]
+        outs = []
+        for b in range(0, len(pieces), batch_chunks):
+            part = pieces[b: b + batch_chunks]
+            x = torch.zeros(len(part), chunk, dim)
+            for k, (p, n) in enumerate(part):
+                x[k, :n] = torch.from_numpy(p)
+            lengths = torch.tensor([n for _, n in part])
+            logits, _ = model(x.to(device), lengths)
+            outs.append(torch.log_softmax(logits.float(), dim=-1))
+        post = torch.cat(outs)
+        results = [torch.empty(len(f), post.shape[-1], device=device) for _, f in group]
+        done = [0] * len(group)
+        for k, (i, s) in enumerate(where):
+            n = min(chunk, len(group[i][1]) - s)
+            # The last chunk overlaps the one before it: keep that one's frames, take only the
+            # new ones from here, so every frame comes from exactly one chunk.
+            first = done[i] - s
+            results[i][s + first: s + n] = post[k, first:n]
+            done[i] = s + n
+        seconds = (time.time() - t0) / len(group)
+        for (utt, _), r in zip(group, results, strict=True):
+            ll = ((r - priors) * acoustic_scale).cpu().numpy().astype(np.float32)
+            yield utt, ll, seconds
+
+    for utt, feats in utts:
+        n = len(chunk_starts(len(feats), chunk))
+        if group and size + n > batch_chunks:
+            yield from run(group)
+            group, size = [], 0
+        group.append((utt, feats))
+        size += n
+    if group:
+        yield from run(group)
+
+
+# ---------------------------------------------------------------------------- search
+def _settings(c: Mapping) -> list[tuple[int, float]]:
+    lmwts = [int(c["lmwt"])] if c.get("lmwt") is not None else list(
+        range(int(c["min_lmwt"]), int(c["max_lmwt"]) + 1))
+    wips = [float(c["wip"])] if c.get("wip") is not None else [float(w) for w in c["wips"]]
+    if c["decoder"] not in ("lattice", "faster"):
+        raise AsrtrainError(f"decode.decoder={c['decoder']!r}: expected lattice or faster")
+    if c["decoder"] == "faster":
+        if c.get("wip") not in (None, 0, 0.0):
+            raise AsrtrainError(f"decode.wip={c['wip']}: the faster decoder gives no lattice to "
+                                "add an insertion penalty to; use decoder=lattice")
+        wips = [0.0]
+    if not lmwts or not wips or min(lmwts) <= 0:
+        raise AsrtrainError(f"decode: LM weights {lmwts} and insertion penalties {wips}: need "
+                            "at least one of each, LM weights positive")
+    return [(lmwt, wip) for lmwt in lmwts for wip in wips]
+
+
+def _with_penalty(lat: kaldifst.Lattice, wip: float) -> kaldifst.Lattice:
+    """``lattice-add-penalty``: ``wip`` added to the graph cost of every word arc."""
+    out = kaldifst.Lattice()
+    for _ in range(lat.num_states):
+        out.add_state()
+    out.start = lat.start
+    for s in range(lat.num_states):
+        out.set_final(s, lat.final(s))
+        # kaldifst.ArcIterator only wraps StdFst; the Lattice iterator is not re-exported
+        arcs = _ArcIteratorLattice(lat, s)
+        while not arcs.done:
+            a = arcs.value
+            arcs.next()
+            w = a.weight
+            if a.olabel:
+                w = kaldifst.LatticeWeight(w.value1 + wip, w.value2)
+            out.add_arc(s, kaldifst.LatticeArc(a.ilabel, a.olabel, w, a.nextstate))
+    return out
+
+
+def best_paths(lat: kaldifst.Lattice, settings: list[tuple[int, float]],
+               acoustic_scale: float) -> dict[tuple[int, float], tuple[list[int], list[int]]]:
+    """(transition states per frame, word ids) of the best path for every (lmwt, wip)."""
+    out = {}
+    for wip in sorted({w for _, w in settings}):
+        pen = _with_penalty(lat, wip) if wip else lat
+        for lmwt in sorted({m for m, w in settings if w == wip}):
+            scaled = pen.copy()
+            # the decoder's acoustic costs carry acoustic_scale: undo it, then 1/lmwt
+            kaldifst.scale_lattice([[1.0, 0.0], [0.0, 1.0 / (acoustic_scale * lmwt)]], scaled)
+            ok, isyms, osyms, _ = kaldifst.get_linear_symbol_sequence(
+                kaldifst.shortest_path(scaled))
+            out[(lmwt, wip)] = (list(isyms), list(osyms)) if ok else ([], [])
+    return out
+
+
+def _faster_paths(decoder: kaldi_decoder.FasterDecoder, ll: np.ndarray,
+                  settings: list[tuple[int, float]], acoustic_scale: float,
+                  ) -> dict[tuple[int, float], tuple[list[int], list[int]]] | None:
+    """``decoder: faster``: one FasterDecoder search per LM weight, the acoustic scale 1/lmwt
+    (the decoder has no lattice, so no insertion penalty either: the settings have wip 0)."""
+    out = {}
+    for lmwt, wip in settings:
+        decoder.decode(kaldi_decoder.DecodableCtc(ll / (acoustic_scale * lmwt)))
+        ok, path = decoder.get_best_path(use_final_probs=True)
+        if not ok:
+            ok, path = decoder.get_best_path(use_final_probs=False)
+        if not ok:
+            return None
+        _, isyms, osyms, _ = kaldifst.get_linear_symbol_sequence(path)
+        out[(lmwt, wip)] = (list(isyms), list(osyms))
+    return out
+
+
+def word_times(tstates: list[int], word_ids: list[int], graph: Graph, positions: np.ndarray,
+               frame_shift: float) -> list[TimedWord] | None:
+    """Words timed by the word-position phones of the best path (None if they disagree).
+
+    ``positions[phone]`` is B, I, E, S or '' (between-word silence).  A phone instance starts
+    where the phone changes or its HMM enters state 0 anew (no topology returns to state 0 from
+    another state)."""
+    words = [graph.words.id2sym[w] for w in word_ids]
+    if not tstates:
+        return [] if not words else None
+    labels = np.asarray(tstates, dtype=np.int64)
+    phone = graph.tstates[labels - 1, 0]
+    state = graph.tstates[labels - 1, 1]
+    starts = np.flatnonzero(np.r_[True, (phone[1:] != phone[:-1])
+                                  | ((state[1:] == 0) & (labels[1:] != labels[:-1]))])
+    ends = np.r_[starts[1:], len(labels)]
+    spans: list[tuple[int, int]] = []
+    open_at = None
+    for b, e in zip(starts, ends, strict=True):
+        pos = positions[phone[b]]
+        if pos in ("B", "S"):
+            open_at = b
+        if pos in ("E", "S") and open_at is not None:
+            spans.append((open_at, e))
+            open_at = None
+    if len(spans) != len(words):
+        return None
+    return [TimedWord(w, b * frame_shift, (e - b) * frame_shift)
+            for w, (b, e) in zip(words, spans, strict=True)]
+
+
+def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph,
+                 settings: list[tuple[int, float]], c: Mapping, frame_shift: float,
+                 ) -> tuple[dict[tuple[int, float], dict[str, list[TimedWord]]], dict]:
+    """Lattice-decode each utterance's scaled pdf log-likelihoods; timed 1-best per setting.
+
+    Used by ``decode_hybrid`` and by anything else that has pdf log-likelihoods (the tests
+    decode posteriors made from a forced alignment)."""
+    lang_dir = Path(graph.info["lang_dir"])
+    phones = PhoneSet.read(lang_dir)
+    positions = np.array([phones.position_of(s) for s in phones.phones.id2sym], dtype=object)
+    hclg = graph.hclg   # the decoder holds a raw pointer to it
+    if c["decoder"] == "lattice":
+        config = kaldi_decoder.LatticeSimpleDecoderConfig(beam=float(c["beam"]),
+                                                           lattice_beam=float(c["lattice_beam"]))
+        decoder = kaldi_decoder.LatticeSimpleDecoder(hclg, config)
+    else:
+        opts = kaldi_decoder.FasterDecoderOptions()
+        opts.beam = float(c["beam"])
+        opts.max_active = int(c["max_active"])
+        decoder = kaldi_decoder.FasterDecoder(hclg, opts)
+    tstate_pdf = graph.tstates[:, 2]
+    num_pdfs = int(graph.info["num_pdfs"])
+    acoustic_scale = float(c["acoustic_scale"])
+    hyps: dict[tuple[int, float], dict[str, list[TimedWord]]] = {s: {} for s in settings}
+    nn_seconds = search_seconds = sweep_seconds = 0.0
+    frames = utts = untimed = failed = 0
+    for utt, ll, seconds in loglikes:
+        if ll.ndim != 2 or ll.shape[1] != num_pdfs:
+            raise AsrtrainError(f"utterance {utt}: log-likelihoods of shape {ll.shape}, the "
+                                f"graph has {num_pdfs} pdfs")
+        nn_seconds += seconds
+        frames += len(ll)
+        utts += 1
+        t0 = time.time()
+        ll = np.ascontiguousarray(ll[:, tstate_pdf])
+        if c["decoder"] == "lattice":
+            decoder.decode(kaldi_decoder.DecodableCtc(ll))
+            ok, lat = decoder.get_raw_lattice(use_final_probs=True)
+            if not ok or lat.num_states == 0:
+                ok, lat = decoder.get_raw_lattice(use_final_probs=False)
+            paths = None if not ok or lat.num_states == 0 else lat
+        else:
+            paths = _faster_paths(decoder, ll, settings, acoustic_scale)
+        t1 = time.time()
+        search_seconds += t1 - t0
+        if paths is None:
+            log.warning("utterance %s: no path survived the beam (%d frames); empty hypothesis",
+                        utt, len(ll))
+            failed += 1
+            for s in settings:
+                hyps[s][utt] = []
+            continue
+        if not isinstance(paths, dict):
+            paths = best_paths(paths, settings, acoustic_scale)
+        timed: dict[tuple[tuple[int, ...], tuple[int, ...]], list[TimedWord] | None] = {}
+        for s, (isyms, osyms) in paths.items():
+            key = (tuple(isyms), tuple(osyms))
+            if key not in timed:
+                timed[key] = word_times(isyms, osyms, graph, positions, frame_shift)
+            words = timed[key]
+            if words is None:
+                untimed += 1
+                log.warning("utterance %s: word positions of the best path do not match its "
+                            "%d words (lmwt %s wip %s); no CTM lines", utt, len(osyms), *s)
+                words = []
+            hyps[s][utt] = words
+        sweep_seconds += time.time() - t1
+    if not utts:
+        raise AsrtrainError("decode: no utterance to decode")
+    audio = frames * frame_shift
+    stats = {"utterances": utts, "frames": frames, "audio_seconds": round(audio, 2),
+             "nn_seconds": round(nn_seconds, 2), "search_seconds": round(search_seconds, 2),
+             "sweep_seconds": round(sweep_seconds, 2),
+             "real_time_factor": round((nn_seconds + search_seconds) / max(audio, 1e-9), 4),
+             "nn_real_time_factor": round(nn_seconds / max(audio, 1e-9), 4),
+             "search_real_time_factor": round(search_seconds / max(audio, 1e-9), 4),
+             "failed_utterances": failed, "untimed_paths": untimed}
+    return hyps, stats
+
+
+# ---------------------------------------------------------------------------- scoring
+def _score(ctm: Path, words: dict[str, list[TimedWord]], data: DataDir, data_dir: Path,
+           score_dir: Path) -> dict[str, dict]:
+    from asrtrain.score import score_hub5, wer_counts
+
+    if (data_dir / "stm").is_file():
+        glm = data_dir / "glm"
+        counts = score_hub5(data_dir / "stm", ctm, score_dir, glm if glm.is_file() else None)
+    else:
+        counts = {"all": wer_counts({u: data.text[u].split() for u in data.utts},
+                                    {u: [w.word for w in words.get(u, [])] for u in data.utts})}
+    return {k: {"wer": round(v.wer, 2), "err": v.err, "ref_words": v.ref_words, "ins": v.ins,
+                "del": v.dels, "sub": v.sub} for k, v in counts.items()}
+
+
+def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
+                settings: list[tuple[int, float]], c: Mapping, data: DataDir, data_dir: Path,
+                out_dir: Path, stats: dict) -> dict:
+    """Score every setting's CTM, keep the best (or the only, fixed one); write ``ctm``, ``text``,
+    ``score/`` and ``sweep.json`` into ``out_dir``; return the summary."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    scored = (data_dir / "stm").is_file() or bool(data.text)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="asrtrain-sweep.") as tmp:
+        for lmwt, wip in settings:
+            if not scored:
+                break
+            ctm = Path(tmp) / f"ctm_{lmwt}_{wip}"
+            write_ctm(ctm, hyps[(lmwt, wip)], data)
+            wer = _score(ctm, hyps[(lmwt, wip)], data, data_dir, Path(tmp) / f"score_{lmwt}_{wip}")
+            rows.append({"lmwt": lmwt, "wip": wip, "wer": wer})
+    if rows:
+        best = min(rows, key=lambda r: (r["wer"]["all"]["wer"], r["lmwt"], r["wip"]))
+        lmwt, wip = best["lmwt"], best["wip"]
+        how = ("fixed by the config" if len(settings) == 1 else
+               f"chosen on {data_dir} itself among {len(settings)} settings, as Kaldi's scoring "
+               "does (an optimistic WER; fix lmwt/wip for a held-out figure)")
+    else:
+        lmwt, wip = settings[len(settings) // 2]
+        how = "no stm or text to score: the middle setting of the sweep"
+    chosen = hyps[(lmwt, wip)]
+    summary = {"lmwt": lmwt, "wip": wip, "selection": how, **stats,
+               "settings": {k: c[k] for k in DEFAULTS}, "sweep": rows}
+    with atomic_dir(out_dir) as tmp:
+        write_ctm(tmp / "ctm", chosen, data)
+        write_table(tmp / "text", {u: " ".join(w.word for w in chosen.get(u, []))
+                                   for u in data.utts})
+        if rows:
+            summary["wer"] = _score(tmp / "ctm", chosen, data, data_dir, tmp / "score")
+        write_text(tmp / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    if rows:
+        log.info("decode %s: LM weight %d, insertion penalty %.1f %s; WER %s; real-time factor "
+                 "%.3f (network %.3f, search %.3f)", out_dir, lmwt, wip, how,
+                 ", ".join(f"{k} {v['wer']:.2f}%" for k, v in summary["wer"].items()),
+                 stats["real_time_factor"], stats["nn_real_time_factor"],
+                 stats["search_real_time_factor"])
+    else:
+        log.info("decode %s: %s (lmwt %d, wip %.1f)", out_dir, how, lmwt, wip)
+    return summary
