@@ -209,7 +209,8 @@ def stage_decode_hybrid(cfg: DictConfig, paths: Paths) -> None:
     for name in cfg.sets.test:
         decode_hybrid(train_dir(hcfg, paths) / "final.pt", graph, paths.data / name,
                       paths.decode / str(hcfg.model.name) / name,
-                      OmegaConf.to_container(hcfg.hybrid.get("decode") or {}))
+                      OmegaConf.to_container(hcfg.hybrid.decode) if "decode" in hcfg.hybrid
+                      else {})
 
 
 def stage_decode(cfg: DictConfig, paths: Paths) -> None:
