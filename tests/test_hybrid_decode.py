@@ -86,6 +86,7 @@ def test_alignment_posteriors_decode_the_aligned_utterances(setup, tmp_path) -> 
                               out, FAST)
     assert summary["wer"]["all"]["ref_words"] > 500
     assert summary["wer"]["all"]["wer"] < 2.0
+    assert summary["failed_utterances"] == summary["untimed_paths"] == 0
     sweep = json.loads((out / "sweep.json").read_text())
     assert [(r["lmwt"], r["wip"]) for r in sweep["sweep"]] == [
         (m, w) for m in range(8, 13) for w in (0.0, 1.0)]

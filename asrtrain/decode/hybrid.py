@@ -66,8 +66,9 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     ``max_active`` (7000, faster decoder), ``min_lmwt``..``max_lmwt`` (7..17) and ``wips``
     ([0, 0.5, 1]) for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
     this set, ``batch_chunks`` (chunks per forward pass), ``threads`` (torch CPU threads, 0:
-    leave as is), ``device``.  Returns the summary written to ``sweep.json``.
-    """
+    leave as is), ``device``.  Returns the summary written to ``sweep.json``: the chosen
+    ``lmwt``/``wip``, ``wer`` per subset, every setting's WER under ``sweep``, and the real-time
+    factors (network, search, both; feature reading and the sweep's rescoring not included)."""
     from asrtrain.models import build_model
     from asrtrain.train import checkpoint
 
