@@ -72,3 +72,45 @@ def test_bad_corpus_path_is_one_clear_error(tmp_path: Path) -> None:
     assert f"asrtrain: error: {tmp_path / 'nowhere'}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "exp" / ".done" / "prepare").exists()
+
+
+# A few GMM iterations are enough to give the hybrid model targets; the full passes are the
+# recipe's (and test_align's) business.
+ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
+               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
+               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
+               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
+HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
+                "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
+                # A model trained for seconds is unsure of everything: bound the search.
+                "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
+                "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
+
+
+@pytest.fixture(scope="module")
+def aligned(exp: Path) -> Path:
+    if not (exp / ".done" / "features").is_file():
+        asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--to", "features", *SMALL)
+    asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "lm", "--to", "align",
+             *SMALL, *ALIGN_SMALL)
+    return exp
+
+
+@pytest.mark.parametrize("backend, extra", [
+    ("ssgd", []), ("adpsgd", ["trainer.delay_by_one=true"]),
+    ("hadpsgd", ["trainer.per_node=2"])])
+def test_hybrid_with_four_learners_decodes_through_hclg(aligned: Path, backend: str,
+                                                         extra: list[str]) -> None:
+    exp = aligned
+    name = f"hybrid_{backend}"
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train_hybrid",
+                   *SMALL, *ALIGN_SMALL, *HYBRID_SMALL, f"hybrid.model.name={name}",
+                   f"trainer.backend={backend}", "trainer.learners=4", *extra)
+    final = torch.load(exp / "train" / name / "final.pt", map_location="cpu",
+                       weights_only=False)
+    num_pdfs = int((exp / "align" / "tri1" / "num_pdfs").read_text().split()[0])
+    assert final["output_dim"] == num_pdfs == final["log_priors"].numel()
+    assert 0 < final["metrics"]["dev_frame_accuracy"] <= 100
+    decoded = exp / "decode" / name / "eval2000"
+    assert (decoded / "ctm").stat().st_size > 0
+    assert "stage decode_hybrid" in out.stderr
