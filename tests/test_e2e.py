@@ -14,6 +14,19 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.epochs=1",
          "trainer.batch_frames=4000", "trainer.log_every=5", "nj=2"]
+# A few GMM iterations are enough to give the hybrid model targets; the full passes are the
+# recipe's (and test_align's) business.
+ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
+               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
+               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
+               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
+HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
+                "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
+                # A model trained for seconds is unsure of everything: bound the search.
+                "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
+                "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
+
+
 WER_LINE = re.compile(r"^eval2000 (all|swbd|callhm): WER (\d+\.\d+)% \[ (\d+) / (\d+),", re.M)
 
 
@@ -32,15 +45,18 @@ def exp(tmp_path_factory) -> Path:
 
 
 def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
-    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL)
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL)
     wers = {m.group(1): (float(m.group(2)), int(m.group(4))) for m in WER_LINE.finditer(out.stdout)}
     assert set(wers) == {"all", "swbd", "callhm"}
     assert wers["all"][1] == wers["swbd"][1] + wers["callhm"][1] > 0
-    for stage in ("prepare", "lang", "features", "train", "decode", "score"):
+    for stage in ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc",
+                  "align", "train_hybrid", "decode_hybrid"):
         assert (exp / ".done" / stage).is_file()
         assert f"stage {stage}" in out.stderr
     assert (exp / "decode" / "blstm_tiny" / "eval2000" / "score" / "ctm.filt.sys").is_file()
-    again = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL)
+    assert (exp / "decode" / "hybrid_tiny" / "eval2000" / "sweep.json").is_file()
+    again = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL,
+                     *HYBRID_SMALL)
     assert "nothing to do" in again.stderr and "starts" not in again.stderr
 
 
@@ -72,19 +88,6 @@ def test_bad_corpus_path_is_one_clear_error(tmp_path: Path) -> None:
     assert f"asrtrain: error: {tmp_path / 'nowhere'}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "exp" / ".done" / "prepare").exists()
-
-
-# A few GMM iterations are enough to give the hybrid model targets; the full passes are the
-# recipe's (and test_align's) business.
-ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
-               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
-               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
-               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
-HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
-                "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
-                # A model trained for seconds is unsure of everything: bound the search.
-                "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
-                "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
 
 
 @pytest.fixture(scope="module")
