@@ -67,7 +67,8 @@ def test_tiny_recipe_trains_with_four_learners(exp: Path, backend: str, extra: l
     if not (exp / ".done" / "features").is_file():
         asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--to", "features", *SMALL)
     name = f"blstm_{backend}"
-    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train", *SMALL,
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train", "--to", "score",
+                   *SMALL,
                    f"model.name={name}", f"trainer.backend={backend}", "trainer.learners=4",
                    *extra)
     log = (exp / "log" / "train.log").read_text()
