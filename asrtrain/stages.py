@@ -150,6 +150,11 @@ def stage_features(cfg: DictConfig, paths: Paths) -> None:
                      nj=int(cfg.nj))
 
 
+#: Trainer settings a run may change and still resume from its checkpoints.
+RESUMABLE_CHANGES = {"epochs", "log_every", "threads", "timeout_s", "learners", "nnodes",
+                     "node_rank", "rdzv_endpoint", "gossip_idle_s"}
+
+
 def train_dir(cfg: DictConfig, paths: Paths) -> Path:
     return paths.train / str(cfg.model.name)
 
@@ -157,8 +162,30 @@ def train_dir(cfg: DictConfig, paths: Paths) -> Path:
 def run_training(cfg: DictConfig, paths: Paths) -> Path:
     """Train ``cfg.model`` with ``cfg.trainer``: in this process for one learner, else under
     torchrun; return the final model's path."""
+    import hashlib
+    import json
+    import time
+
     out = train_dir(cfg, paths)
+    # Checkpoints are resumed only by a run of the same model, data and trainer settings (more
+    # epochs or another launch is fine); any other change starts afresh, keeping the old run.
+    trainer = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
+               if k not in RESUMABLE_CHANGES}
+    key = json.dumps({"model": OmegaConf.to_container(cfg.model, resolve=True),
+                      "features": OmegaConf.to_container(cfg.features, resolve=True),
+                      "sets": OmegaConf.to_container(cfg.sets, resolve=True),
+                      "trainer": trainer}, sort_keys=True, default=str)
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
+    stamp = out / "resume_key"
+    if out.is_dir() and any(out.glob("epoch-*.pt")) and (
+            not stamp.is_file() or stamp.read_text().strip() != fingerprint):
+        old = out.with_name(f"{out.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
+        out.rename(old)
+        log.warning("%s holds checkpoints of other settings: moved to %s, training afresh",
+                    out, old)
     out.mkdir(parents=True, exist_ok=True)
+    with atomic_open(stamp, "w", encoding="utf-8") as f:
+        f.write(fingerprint + "\n")
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     run_cfg.train_dir = str(out.resolve())
     run_cfg.exp_dir = str(paths.exp.resolve())
