@@ -58,13 +58,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("backend", "learners", "extra"), [
-    ("ssgd", 3, []),
+    # Uneven local step counts: agree_min makes every learner run the smallest (12).
+    ("ssgd", 3, ["--steps", "14,12,13", "--agree-steps"]),
     ("hadpsgd", 4, ["--per-node", "4"]),  # one node: hadpsgd is SSGD
 ])
 def test_synchronous_equals_one_process_on_global_batch(
         tmp_path: Path, reference: dict[str, torch.Tensor], backend: str, learners: int,
         extra: list[str]) -> None:
-    codes = spawn(tmp_path, learners, "--backend", backend, *extra, *TRAIN)
+    codes = spawn(tmp_path, learners, "--backend", backend, *TRAIN, *extra)
     assert codes == dict.fromkeys(range(learners), 0), list(tmp_path.glob("error*"))
     stats, states = results(tmp_path, learners)
     for s, st in zip(stats, states, strict=True):

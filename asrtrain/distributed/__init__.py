@@ -10,6 +10,8 @@ Trainer config keys read here (all optional except under torchrun ``backend``):
     timeout_s: every blocking wait's limit        (default 60)
     gossip_idle_s: gossip round interval when no step was taken  (default 0.1)
     sync_init: start all learners from rank 0's model  (default true)
+    threads: CPU threads per learner               (default 0: cores // learners on this machine)
+    cpu: train on CPU even where CUDA is available (default false)
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def build_backend(trainer_cfg: Mapping) -> Backend:
     if use_cuda:
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(learner_threads(local_world))
+        threads = int(cfg.get("threads") or 0)
+        torch.set_num_threads(threads if threads > 0 else learner_threads(local_world))
     if world <= 1:
         return SingleProcessBackend(0, 1, 0, device)
     timeout_s = float(cfg.get("timeout_s", 60))

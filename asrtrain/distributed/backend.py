@@ -5,6 +5,7 @@ learners in the same order)::
 
     backend = build_backend(cfg.trainer)          # process group from the torchrun environment
     model.to(backend.device); optimizer = ...     # shard data with backend.data_rank/data_world
+    steps = backend.agree_min(len(my_batches))    # ssgd/hadpsgd: equal steps everywhere
     backend.setup(model, optimizer, global_samples=resumed_samples)   # collective
     log(backend.describe())                       # backend, topology, spectral gap
     for step, batch in enumerate(batches):
@@ -99,6 +100,11 @@ class Backend(ABC):
     @abstractmethod
     def reduce_mean(self, values: Mapping[str, float]) -> dict[str, float]:
         """Average scalar metrics over learners (same keys on every learner); collective."""
+
+    def agree_min(self, value: int) -> int:
+        """The smallest ``value`` over learners; collective. Synchronous backends need the same
+        number of steps on every learner: ``steps = backend.agree_min(len(my_batches))``."""
+        return int(value)
 
     def describe(self) -> str:
         """A one-line summary of the configuration for the start of the training log."""
@@ -256,10 +262,11 @@ class DistributedBackend(Backend):
         # went silent first-hand.
         culprit = self.liveness.silent_ranks() if self.liveness is not None else ""
         if peer is not None:
-            culprit = f"partner rank {peer} stopped answering" + (f"; {culprit}" if culprit else "")
+            culprit = f"the exchange with rank {peer} broke" + (f"; {culprit}" if culprit else "")
         culprit = culprit or "no liveness information"
-        msg = (f"rank {self.rank}: {what} failed: {culprit}. Underlying error: "
-               f"{str(error).splitlines()[0] if str(error) else type(error).__name__}. "
+        cause = (str(error).splitlines() or [type(error).__name__])[0]
+        cause = cause.split(". This is typically")[0]  # gloo's generic advice adds nothing
+        msg = (f"rank {self.rank}: {what} failed: {culprit}. Underlying error: {cause}. "
                "Check that learner's log, then resume the run from its last checkpoint.")
         if self.liveness is not None:
             self.liveness.report_failure(msg)
@@ -323,6 +330,11 @@ class DistributedBackend(Backend):
         total = self.allreduce_sum(torch.tensor([diff**0.5], dtype=torch.float64),
                                    "consensus distance")
         return float(total[0]) / self.world_size / max(norm, 1e-30)
+
+    def agree_min(self, value: int) -> int:
+        t = torch.tensor([int(value)], dtype=torch.int64).to(self._comm_device())
+        self.wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True), "step count agreement")
+        return int(t.cpu()[0])
 
     def reduce_mean(self, values: Mapping[str, float]) -> dict[str, float]:
         keys = sorted(values)

@@ -69,6 +69,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-sync-init", action="store_true",
                    help="every learner starts from its own random model")
     p.add_argument("--steps", default="20", help="steps, or a comma list of steps per rank")
+    p.add_argument("--agree-steps", action="store_true",
+                   help="run the smallest step count of all learners (Backend.agree_min)")
     p.add_argument("--batch", type=int, default=16, help="global batch per step")
     p.add_argument("--examples", type=int, default=256)
     p.add_argument("--dim", type=int, default=8)
@@ -84,6 +86,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=0,
                    help="measure the consensus distance every N steps (equal steps only)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: cores // learners)")
     p.add_argument("--start-samples", type=int, default=0, help="progress of a resumed run")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--idle", type=float, default=0.1, help="gossip round interval when idle")
@@ -94,7 +97,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> None:
     cfg = {"backend": args.backend, "topology": args.topology, "delay_by_one": args.delay_by_one,
            "seed": args.seed, "timeout_s": args.timeout, "gossip_idle_s": args.idle,
-           "sync_init": not args.no_sync_init, "cpu": True}
+           "sync_init": not args.no_sync_init, "cpu": True, "threads": args.threads}
     if args.per_node:
         cfg["per_node"] = args.per_node
     backend = build_backend(cfg)
@@ -102,6 +105,8 @@ def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     steps_list = [int(s) for s in args.steps.split(",")]
     steps = steps_list[rank] if len(steps_list) > 1 else steps_list[0]
+    if args.agree_steps:
+        steps = backend.agree_min(steps)
     slow = {int(r): float(f) for r, f in (item.split(":") for item in args.slow.split(",") if item)}
     factor = slow.get(rank, 1.0)
     rng = random.Random(args.seed * 1000 + rank)
