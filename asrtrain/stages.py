@@ -201,7 +201,8 @@ def run_training(cfg: DictConfig, paths: Paths) -> Path:
         from asrtrain.distributed.launch import launch
 
         launch([str(config_path)], learners=int(t.learners), nnodes=int(t.nnodes),
-               node_rank=int(t.node_rank), rdzv_endpoint=t.get("rdzv_endpoint"))
+               node_rank=int(t.node_rank), rdzv_endpoint=t.get("rdzv_endpoint"),
+               threads=int(t.get("threads") or 0))
     if not (out / "final.pt").is_file():
         raise AsrtrainError(f"{out}/final.pt: training ended without a final model "
                             f"(see {paths.logs / 'train.log'})")

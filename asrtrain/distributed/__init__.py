@@ -10,7 +10,7 @@ Trainer config keys read here (all optional except under torchrun ``backend``):
     timeout_s: every blocking wait's limit        (default 60)
     gossip_idle_s: gossip round interval when no step was taken  (default 0.1)
     sync_init: start all learners from rank 0's model  (default true)
-    threads: CPU threads per learner               (default 0: cores // learners on this machine)
+    threads: CPU threads per learner               (default 0: one; see cpu_threads)
     cpu: train on CPU even where CUDA is available (default false)
 """
 
@@ -28,13 +28,19 @@ from asrtrain.distributed.backend import Backend, Liveness, SingleProcessBackend
 
 BACKENDS = ("ssgd", "adpsgd", "hadpsgd")
 
-__all__ = ["BACKENDS", "Backend", "build_backend", "learner_threads"]
+__all__ = ["BACKENDS", "Backend", "build_backend", "cpu_threads"]
 
 
-def learner_threads(local_learners: int) -> int:
-    """CPU threads for one of ``local_learners`` learners sharing this machine's cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local_learners))
+def cpu_threads(threads: int = 0) -> int:
+    """Torch CPU threads for one learner: ``threads``, or one when it is 0.
+
+    One, because the LSTM's per-frame steps are too small to share: on 2 cores a tiny-recipe
+    epoch took 7 s with one thread and 20 s with two (OpenMP threads waiting passively), and
+    threads that spin instead are 10-15x slower still as soon as another job shares the cores
+    (measured here). Use the cores by running more learners; set ``trainer.threads`` for a
+    model whose matrices are large enough.
+    """
+    return threads if threads > 0 else 1
 
 
 def _env_int(name: str, default: int) -> int:
@@ -51,7 +57,7 @@ def build_backend(trainer_cfg: Mapping) -> Backend:
     """The backend of this learner, joining the process group described by torchrun's environment.
 
     Without ``WORLD_SIZE`` in the environment (or with 1) this is a :class:`SingleProcessBackend`.
-    On CPUs the learner takes ``cores // LOCAL_WORLD_SIZE`` threads so learners do not fight.
+    On CPUs the learner takes :func:`cpu_threads` threads.
     """
     cfg = dict(trainer_cfg or {})
     name = str(cfg.get("backend", "ssgd"))
@@ -66,8 +72,7 @@ def build_backend(trainer_cfg: Mapping) -> Backend:
     if use_cuda:
         torch.cuda.set_device(device)
     else:
-        threads = int(cfg.get("threads") or 0)
-        torch.set_num_threads(threads if threads > 0 else learner_threads(local_world))
+        torch.set_num_threads(cpu_threads(int(cfg.get("threads") or 0)))
     if world <= 1:
         return SingleProcessBackend(0, 1, 0, device)
     timeout_s = float(cfg.get("timeout_s", 60))

@@ -4,7 +4,8 @@
 processes on this machine, in this process (torchrun's ``run(args)``), and raises an
 AsrtrainError naming the learner that failed. With ``nnodes > 1`` run it on every machine with
 that machine's ``node_rank`` and the same ``rdzv_endpoint`` (``host:port`` of node 0), which uses
-torchrun's static rendezvous. On CPUs every learner gets ``cores // learners`` threads.
+torchrun's static rendezvous. On CPUs every learner gets ``trainer.threads`` threads (one by
+default: :func:`asrtrain.distributed.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from collections.abc import Sequence
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed import learner_threads
+from asrtrain.distributed import cpu_threads
 
 
 def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
@@ -44,7 +45,7 @@ def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank
 def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
            rdzv_endpoint: str | None = None, module: str = "asrtrain.cli",
            module_args: Sequence[str] = ("train",), max_restarts: int = 0,
-           run_id: str | None = None) -> None:
+           run_id: str | None = None, threads: int = 0) -> None:
     """Run ``python -m <module> <module_args...> <argv...>`` in ``learners`` processes.
 
     Args:
@@ -53,6 +54,7 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
         nnodes, node_rank, rdzv_endpoint: the multi-machine settings, passed through.
         module: the module each learner runs; tests launch ``asrtrain.distributed.synthetic``.
         max_restarts: torchrun restarts of the whole group after a failure (0: fail at once).
+        threads: CPU threads per learner (0: :func:`asrtrain.distributed.cpu_threads`'s one).
 
     Raises:
         AsrtrainError: a learner failed; the message names its rank and exit code.
@@ -63,8 +65,8 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
     args = parse_args(torchrun_args(argv, learners, nnodes, node_rank, rdzv_endpoint, module,
                                     module_args, max_restarts, run_id))
     saved = os.environ.get("OMP_NUM_THREADS")
-    # Learners share the cores; each also calls torch.set_num_threads (build_backend).
-    os.environ["OMP_NUM_THREADS"] = str(learner_threads(learners))
+    # Each learner also calls torch.set_num_threads (build_backend); this covers what runs first.
+    os.environ["OMP_NUM_THREADS"] = str(cpu_threads(threads))
     try:
         run(args)
     except ChildFailedError as e:

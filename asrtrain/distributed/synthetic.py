@@ -86,7 +86,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=0,
                    help="measure the consensus distance every N steps (equal steps only)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: cores // learners)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: one)")
     p.add_argument("--start-samples", type=int, default=0, help="progress of a resumed run")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--idle", type=float, default=0.1, help="gossip round interval when idle")

@@ -5,6 +5,12 @@ divided by as much: used by CTC models), ``layers`` bidirectional LSTM layers of
 direction, then a linear bottleneck of ``bottleneck`` units. Head: a linear layer to the output
 units — the CTC vocabulary (blank = 0) or the tied CD-HMM states (pdf ids) for frame CE.
 IBM's system: 6 layers, 512 cells, 256 bottleneck, ~32k outputs (Zhang et al., ICASSP 2019).
+
+Each layer runs its two directions on the padded batch, the backward one on every utterance
+reversed within its own length, instead of one ``nn.LSTM`` over a packed sequence. The result is
+the same, and on CPUs it is 3-4x faster: torch's CPU LSTM takes a slow path for packed batches
+whose utterances differ in length (measured here: a 3x192 training step 0.67 s packed, 0.18 s
+padded; ``tests/test_models.py`` checks the outputs agree).
 """
 
 from __future__ import annotations
@@ -13,7 +19,31 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse every sequence of ``x`` [batch, frames, dim] within its length; padding stays put."""
+    b, t = x.shape[:2]
+    idx = torch.arange(t, device=x.device).expand(b, t)
+    rev = lengths.to(x.device).unsqueeze(1) - 1 - idx
+    rev = torch.where(rev >= 0, rev, idx)
+    return x.gather(1, rev.unsqueeze(-1).expand_as(x))
+
+
+class BidirectionalLayer(nn.Module):
+    """One BLSTM layer: a forward and a backward LSTM, outputs concatenated."""
+
+    def __init__(self, input_dim: int, cells: int) -> None:
+        super().__init__()
+        self.forward_lstm = nn.LSTM(input_dim, cells, batch_first=True)
+        self.backward_lstm = nn.LSTM(input_dim, cells, batch_first=True)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        # Frames past an utterance's end come after its last frame in both directions, so they
+        # never reach its outputs.
+        fwd, _ = self.forward_lstm(x)
+        bwd, _ = self.backward_lstm(reverse_padded(x, lengths))
+        return torch.cat([fwd, reverse_padded(bwd, lengths)], dim=-1)
 
 
 class BLSTM(nn.Module):
@@ -26,9 +56,11 @@ class BLSTM(nn.Module):
             raise ValueError(f"BLSTM needs positive sizes: layers={layers} cells={cells} "
                              f"output_dim={output_dim} stack_frames={stack_frames}")
         self.input_dim, self.output_dim, self.stack_frames = input_dim, output_dim, stack_frames
-        self.lstm = nn.LSTM(input_dim * stack_frames, cells, num_layers=layers,
-                            bidirectional=True, batch_first=True,
-                            dropout=dropout if layers > 1 else 0.0)
+        self.layers = nn.ModuleList(
+            BidirectionalLayer(input_dim * stack_frames if i == 0 else 2 * cells, cells)
+            for i in range(layers))
+        # as nn.LSTM's dropout: on the outputs of every layer but the last
+        self.dropout = nn.Dropout(dropout)
         self.bottleneck = nn.Linear(2 * cells, bottleneck) if bottleneck else nn.Identity()
         self.output = nn.Linear(bottleneck or 2 * cells, output_dim)
 
@@ -37,17 +69,20 @@ class BLSTM(nn.Module):
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor,
                                                                           torch.Tensor]:
-        """``feats`` [batch, frames, dim] → (logits [batch, frames', output_dim], frames')."""
+        """``feats`` [batch, frames, dim] → (logits [batch, frames', output_dim], frames').
+
+        Outputs past each utterance's ``frames'`` are zero."""
         if self.stack_frames > 1:
             b, t, d = feats.shape
             t2 = t // self.stack_frames
             feats = feats[:, : t2 * self.stack_frames].reshape(b, t2, d * self.stack_frames)
             lengths = self.subsampled_lengths(lengths)
         lengths = lengths.clamp(min=1)
-        packed = pack_padded_sequence(feats, lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)
-        out, _ = self.lstm(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=feats.shape[1])
+        out = feats
+        for i, layer in enumerate(self.layers):
+            out = layer(self.dropout(out) if i else out, lengths)
+        valid = torch.arange(out.shape[1], device=out.device) < lengths.to(out.device)[:, None]
+        out = out * valid.unsqueeze(-1)
         return self.output(self.bottleneck(out)), lengths
 
 

@@ -1,0 +1,67 @@
+"""The BLSTM runs each direction on the padded batch: it must equal torch's packed BLSTM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from asrtrain.models.blstm import BLSTM, reverse_padded
+
+
+def packed_reference(model: BLSTM, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The same weights in one bidirectional ``nn.LSTM`` over a packed sequence."""
+    layers = len(model.layers)
+    cells = model.layers[0].forward_lstm.hidden_size
+    ref = nn.LSTM(feats.shape[-1], cells, num_layers=layers, bidirectional=True,
+                  batch_first=True)
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            for suffix, lstm in (("", layer.forward_lstm), ("_reverse", layer.backward_lstm)):
+                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                    getattr(ref, f"{name}_l{i}{suffix}").copy_(getattr(lstm, f"{name}_l0"))
+    packed = pack_padded_sequence(feats, lengths, batch_first=True, enforce_sorted=False)
+    out, _ = ref(packed)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=feats.shape[1])
+    return model.output(model.bottleneck(out))
+
+
+def test_reverse_padded_keeps_padding_in_place() -> None:
+    x = torch.arange(8.0).reshape(2, 4, 1)
+    out = reverse_padded(x, torch.tensor([4, 2]))
+    assert out[:, :, 0].tolist() == [[3, 2, 1, 0], [5, 4, 6, 7]]
+    assert torch.equal(reverse_padded(out, torch.tensor([4, 2])), x)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_blstm_equals_packed_bidirectional_lstm(layers: int) -> None:
+    torch.manual_seed(0)
+    model = BLSTM(5, 7, layers=layers, cells=6, bottleneck=4)
+    lengths = torch.tensor([9, 4, 7, 1])
+    feats = torch.randn(4, 9, 5)
+    logits, out_lengths = model(feats, lengths)
+    expected = packed_reference(model, feats, lengths)
+    assert out_lengths.tolist() == lengths.tolist()
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    # padded frames carry the output layer's value of a zero vector, as pad_packed_sequence gives
+    pad = model.output(model.bottleneck(torch.zeros(6 * 2)))
+    torch.testing.assert_close(logits[1, 4:], pad.expand(5, 7))
+    # gradients agree too, and no real frame's loss reaches a padded frame's input
+    mask = (torch.arange(9) < lengths[:, None]).unsqueeze(-1)
+    feats.requires_grad_(True)
+    g1 = torch.autograd.grad((model(feats, lengths)[0] * mask).sum(), feats)[0]
+    g2 = torch.autograd.grad((packed_reference(model, feats, lengths) * mask).sum(), feats)[0]
+    torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(g1[1, 4:]) == 0
+
+
+def test_blstm_stacks_frames() -> None:
+    torch.manual_seed(0)
+    model = BLSTM(2, 3, layers=2, cells=4, bottleneck=0, stack_frames=3)
+    feats = torch.randn(2, 10, 2)
+    logits, out_lengths = model(feats, torch.tensor([10, 5]))
+    assert logits.shape == (2, 3, 3) and out_lengths.tolist() == [3, 1]
+    stacked = feats[:, :9].reshape(2, 3, 6)
+    expected = packed_reference(model, stacked, torch.tensor([3, 1]))
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
