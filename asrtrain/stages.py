@@ -235,10 +235,14 @@ def stage_decode_hybrid(cfg: DictConfig, paths: Paths) -> None:
     if not (graph / "HCLG.fst").is_file():
         make_graph(paths.lang, paths.lm, last, graph)
     for name in cfg.sets.test:
-        decode_hybrid(train_dir(hcfg, paths) / "final.pt", graph, paths.data / name,
-                      paths.decode / str(hcfg.model.name) / name,
-                      OmegaConf.to_container(hcfg.hybrid.decode) if "decode" in hcfg.hybrid
-                      else {})
+        out = paths.decode / str(hcfg.model.name) / name
+        summary = decode_hybrid(train_dir(hcfg, paths) / "final.pt", graph, paths.data / name,
+                                out, OmegaConf.to_container(hcfg.hybrid.decode)
+                                if "decode" in hcfg.hybrid else {})
+        if "wer" in summary:
+            report_wer(name, str(hcfg.model.name), {
+                subset: (w["err"], w["ref_words"], w["ins"], w["del"], w["sub"])
+                for subset, w in summary["wer"].items()}, out / "score")
 
 
 def stage_decode(cfg: DictConfig, paths: Paths) -> None:
@@ -271,16 +275,24 @@ def stage_score(cfg: DictConfig, paths: Paths) -> None:
             hyps = read_table(dec / "text", allow_empty_value=True)
             rows = {"all": wer_counts({u: data.text[u].split() for u in data.utts},
                                       {u: hyps.get(u, "").split() for u in data.utts})}
-        lines = []
-        for subset, c in rows.items():
-            wer = 100.0 * c.err / max(c.ref_words, 1)
-            line = (f"{name} {subset}: WER {wer:.2f}% [ {c.err} / {c.ref_words}, "
-                    f"{c.ins} ins, {c.dels} del, {c.sub} sub ]")
-            log.info("%s", line)
-            lines.append(line)
-        write_table(dec / "score" / "wer", {ln.split(":")[0].replace(" ", "_"): ln.split(": ")[1]
-                                            for ln in lines})
-        print("\n".join(lines), flush=True)
+        report_wer(name, str(cfg.model.name), {
+            subset: (c.err, c.ref_words, c.ins, c.dels, c.sub) for subset, c in rows.items()},
+            dec / "score")
+
+
+def report_wer(set_name: str, system: str, rows: dict[str, tuple[int, int, int, int, int]],
+               score_dir: Path) -> None:
+    """Print, log and write to ``score_dir/wer`` one line per subset (all, swbd, callhm):
+    ``eval2000 all: WER 7.19% [ 41 / 570, 9 ins, 5 del, 27 sub ] hybrid_tiny``; ``rows`` holds
+    (errors, reference words, insertions, deletions, substitutions) per subset."""
+    lines = {}
+    for subset, (err, ref, ins, dels, subs) in rows.items():
+        lines[f"{set_name}_{subset}"] = (f"WER {100.0 * err / max(ref, 1):.2f}% [ {err} / {ref}, "
+                                         f"{ins} ins, {dels} del, {subs} sub ] {system}")
+    write_table(score_dir / "wer", lines)
+    text = "\n".join(f"{key.replace('_', ' ', 1)}: {value}" for key, value in lines.items())
+    log.info("%s", text)
+    print(text, flush=True)
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in [

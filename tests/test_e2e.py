@@ -27,7 +27,8 @@ HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.
                 "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
 
 
-WER_LINE = re.compile(r"^eval2000 (all|swbd|callhm): WER (\d+\.\d+)% \[ (\d+) / (\d+),", re.M)
+WER_LINE = re.compile(r"^eval2000 (all|swbd|callhm): WER (\d+\.\d+)% \[ (\d+) / (\d+),.*\] (\S+)$",
+                      re.M)
 
 
 def asrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -46,9 +47,13 @@ def exp(tmp_path_factory) -> Path:
 
 def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
     out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL)
-    wers = {m.group(1): (float(m.group(2)), int(m.group(4))) for m in WER_LINE.finditer(out.stdout)}
-    assert set(wers) == {"all", "swbd", "callhm"}
-    assert wers["all"][1] == wers["swbd"][1] + wers["callhm"][1] > 0
+    wers = {(m.group(5), m.group(1)): (float(m.group(2)), int(m.group(4)))
+            for m in WER_LINE.finditer(out.stdout)}
+    # both systems' WERs are printed: the CTC model's, then the hybrid's
+    assert set(wers) == {(system, subset) for system in ("blstm_tiny", "hybrid_tiny")
+                         for subset in ("all", "swbd", "callhm")}
+    for system in ("blstm_tiny", "hybrid_tiny"):
+        assert wers[system, "all"][1] == wers[system, "swbd"][1] + wers[system, "callhm"][1] > 0
     for stage in ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc",
                   "align", "train_hybrid", "decode_hybrid"):
         assert (exp / ".done" / stage).is_file()
