@@ -285,14 +285,15 @@ def report_wer(set_name: str, system: str, rows: dict[str, tuple[int, int, int, 
     """Print, log and write to ``score_dir/wer`` one line per subset (all, swbd, callhm):
     ``eval2000 all: WER 7.19% [ 41 / 570, 9 ins, 5 del, 27 sub ] hybrid_tiny``; ``rows`` holds
     (errors, reference words, insertions, deletions, substitutions) per subset."""
-    lines = {}
+    table, lines = {}, []
     for subset, (err, ref, ins, dels, subs) in rows.items():
-        lines[f"{set_name}_{subset}"] = (f"WER {100.0 * err / max(ref, 1):.2f}% [ {err} / {ref}, "
-                                         f"{ins} ins, {dels} del, {subs} sub ] {system}")
-    write_table(score_dir / "wer", lines)
-    text = "\n".join(f"{key.replace('_', ' ', 1)}: {value}" for key, value in lines.items())
-    log.info("%s", text)
-    print(text, flush=True)
+        value = (f"WER {100.0 * err / max(ref, 1):.2f}% [ {err} / {ref}, {ins} ins, {dels} del, "
+                 f"{subs} sub ] {system}")
+        table[f"{set_name}_{subset}"] = value
+        lines.append(f"{set_name} {subset}: {value}")
+        log.info("%s", lines[-1])
+    write_table(score_dir / "wer", table)
+    print("\n".join(lines), flush=True)
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in [

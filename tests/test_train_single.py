@@ -56,9 +56,14 @@ def make_cfg(exp: Path, tmp_path: Path, **overrides):
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
-def test_train_checkpoints_and_exact_resume(exp: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("spec_augment", [None, "{freq_masks: 2, freq_width: 4, time_masks: 1, "
+                                                 "time_width: 5}"])
+def test_train_checkpoints_and_exact_resume(exp: Path, tmp_path: Path,
+                                            spec_augment: str | None) -> None:
     torch.set_num_threads(1)
-    cfg = make_cfg(exp, tmp_path)
+    cfg = make_cfg(exp, tmp_path, **({"trainer.spec_augment": spec_augment} if spec_augment
+                                     else {}))
+    assert bool(cfg.trainer.spec_augment) == bool(spec_augment)
     final = train(cfg, SingleProcessBackend())
     out = tmp_path / "model"
     assert final == out / "final.pt"

@@ -1,4 +1,5 @@
-"""Checkpoints: the consensus model once per epoch, each learner's optimizer state beside it."""
+"""Checkpoints: the consensus model once per epoch; beside it each learner's optimizer state and
+SpecAugment random state (``{"optimizer": ..., "spec_augment_rng": ...}``)."""
 
 from __future__ import annotations
 

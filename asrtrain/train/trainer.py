@@ -70,6 +70,8 @@ def train(cfg: DictConfig, backend) -> Path:
     torch.manual_seed(int(tcfg.seed))  # the same initial model on every learner
     model = build_model(cfg.model, task.input_dim, task.output_dim).to(backend.device)
     optimizer = build_optimizer(tcfg, model.parameters())
+    # this learner's SpecAugment draws; saved with its optimizer so a resumed run is the same
+    gen = torch.Generator().manual_seed(int(tcfg.seed) * 1000 + backend.rank)
     start_epoch = checkpoint.latest_epoch(out_dir)
     resumed_samples = 0
     if start_epoch:
@@ -77,7 +79,9 @@ def train(cfg: DictConfig, backend) -> Path:
         model.load_state_dict(ckpt["model"])
         opt_path = checkpoint.optimizer_path(out_dir, start_epoch, backend.rank)
         if opt_path.is_file():
-            optimizer.load_state_dict(checkpoint.load(opt_path))
+            learner = checkpoint.load(opt_path)
+            optimizer.load_state_dict(learner["optimizer"])
+            gen.set_state(learner["spec_augment_rng"])
         resumed_samples = int(ckpt["global_samples"])
         if backend.is_main:
             log.info("resuming after epoch %d from %s", start_epoch,
@@ -95,7 +99,6 @@ def train(cfg: DictConfig, backend) -> Path:
                  OmegaConf.to_container(cfg.model), n_params / 1e6, task.input_dim,
                  task.output_dim)
         log.info("%s; about %d steps per epoch per learner", task.describe(), per_epoch)
-    gen = torch.Generator().manual_seed(int(tcfg.seed) * 1000 + backend.rank)
     log_every = int(tcfg.log_every)
     clip = float(tcfg.grad_clip)
     step = start_epoch * per_epoch
@@ -151,7 +154,7 @@ def train(cfg: DictConfig, backend) -> Path:
                    **task.summarize(means),
                    "frames_per_second_per_learner": means["frames_per_second"],
                    "epoch_seconds": elapsed, "global_samples": global_samples()}
-        checkpoint.save(optimizer.state_dict(),
+        checkpoint.save({"optimizer": optimizer.state_dict(), "spec_augment_rng": gen.get_state()},
                         checkpoint.optimizer_path(out_dir, epoch, backend.rank))
         if backend.is_main:
             ckpt = {"model": state, "epoch": epoch, "global_samples": global_samples(),
