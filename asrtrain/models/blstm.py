@@ -15,6 +15,7 @@ padded; ``tests/test_models.py`` checks the outputs agree).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
@@ -63,6 +64,7 @@ class BLSTM(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.bottleneck = nn.Linear(2 * cells, bottleneck) if bottleneck else nn.Identity()
         self.output = nn.Linear(bottleneck or 2 * cells, output_dim)
+        self._register_load_state_dict_pre_hook(_from_packed_lstm_keys)
 
     def subsampled_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         return torch.div(lengths, self.stack_frames, rounding_mode="floor")
@@ -84,6 +86,20 @@ class BLSTM(nn.Module):
         valid = torch.arange(out.shape[1], device=out.device) < lengths.to(out.device)[:, None]
         out = out * valid.unsqueeze(-1)
         return self.output(self.bottleneck(out)), lengths
+
+
+PACKED_KEY = re.compile(r"^lstm\.(weight_ih|weight_hh|bias_ih|bias_hh)_l(\d+)(_reverse)?$")
+
+
+def _from_packed_lstm_keys(state_dict: dict, prefix: str, *args) -> None:
+    """Rename the parameters of checkpoints written when the model was one packed ``nn.LSTM``
+    (``lstm.weight_ih_l1_reverse`` → ``layers.1.backward_lstm.weight_ih_l0``), in place."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        m = PACKED_KEY.match(key[len(prefix):])
+        if m:
+            name, layer, reverse = m.groups()
+            direction = "backward_lstm" if reverse else "forward_lstm"
+            state_dict[f"{prefix}layers.{layer}.{direction}.{name}_l0"] = state_dict.pop(key)
 
 
 def build_model(cfg: Mapping, input_dim: int, output_dim: int) -> BLSTM:

@@ -80,8 +80,11 @@ def train(cfg: DictConfig, backend) -> Path:
         opt_path = checkpoint.optimizer_path(out_dir, start_epoch, backend.rank)
         if opt_path.is_file():
             learner = checkpoint.load(opt_path)
-            optimizer.load_state_dict(learner["optimizer"])
-            gen.set_state(learner["spec_augment_rng"])
+            if "optimizer" in learner:
+                optimizer.load_state_dict(learner["optimizer"])
+                gen.set_state(learner["spec_augment_rng"])
+            else:  # written before the SpecAugment state was kept: the optimizer state alone
+                optimizer.load_state_dict(learner)
         resumed_samples = int(ckpt["global_samples"])
         if backend.is_main:
             log.info("resuming after epoch %d from %s", start_epoch,
