@@ -57,7 +57,7 @@ def build_backend(trainer_cfg: Mapping) -> Backend:
     """The backend of this learner, joining the process group described by torchrun's environment.
 
     Without ``WORLD_SIZE`` in the environment (or with 1) this is a :class:`SingleProcessBackend`.
-    On CPUs the learner takes :func:`cpu_threads` threads.
+    The learner takes :func:`cpu_threads` torch CPU threads.
     """
     cfg = dict(trainer_cfg or {})
     name = str(cfg.get("backend", "ssgd"))
@@ -71,8 +71,8 @@ def build_backend(trainer_cfg: Mapping) -> Backend:
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(cpu_threads(int(cfg.get("threads") or 0)))
+    # GPU learners too: their CPU work (data, gossip copies) is no more parallel than the LSTM's
+    torch.set_num_threads(cpu_threads(int(cfg.get("threads") or 0)))
     if world <= 1:
         return SingleProcessBackend(0, 1, 0, device)
     timeout_s = float(cfg.get("timeout_s", 60))

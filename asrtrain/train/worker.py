@@ -6,7 +6,6 @@ import logging
 import os
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
 from asrtrain import AsrtrainError
@@ -30,9 +29,7 @@ def run_learner(config_path: str | Path) -> Path:
         handler = logging.FileHandler(Path(cfg.exp_dir) / "log" / "train.log", encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(handler)
-    backend = build_backend(cfg.trainer)  # on CPUs: trainer.threads threads, one by default
-    if int(cfg.trainer.get("threads") or 0):
-        torch.set_num_threads(int(cfg.trainer.threads))
+    backend = build_backend(cfg.trainer)  # also sets trainer.threads CPU threads, one by default
     try:
         return train(cfg, backend)
     finally:
