@@ -39,20 +39,25 @@ def main() -> None:
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--stage", "start", default=None, help="First stage to run (default: the first).")
 @click.option("--to", "stop", default=None, help="Last stage to run (default: the last).")
-@click.option("--force", is_flag=True, help="Rerun the stages even if their .done marker matches.")
+@click.option("--force", "force", multiple=True, is_flag=False, flag_value="all",
+              metavar="[STAGE]", help="Rerun STAGE (repeat or use commas for more) and every "
+              "stage that reads it, inner steps included; alone: every stage from --stage to --to.")
+@click.option("-n", "--dry-run", is_flag=True,
+              help="Print which stages would run and why (what changed), and run nothing.")
 @click.option("--show-config", is_flag=True, help="Print the composed config and exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | None,
-        force: bool, show_config: bool, verbose: bool) -> None:
+        force: tuple[str, ...], dry_run: bool, show_config: bool, verbose: bool) -> None:
     """Run the stages of RECIPE (a directory with recipe.yaml), e.g. `asrtrain run recipes/tiny`.
 
     OVERRIDES are Hydra overrides, e.g. `trainer.backend=adpsgd trainer.learners=4 model=blstm_ibm`.
-    Stages whose .done marker matches their config are skipped; a changed config reruns a stage
-    and every stage after it.
+    A stage reruns when a config key it depends on changed, when a stage it reads reruns, or when
+    --force names it; every other stage is skipped (see --dry-run).
     """
     from omegaconf import OmegaConf
 
-    from asrtrain.recipe import compose_recipe, run_recipe
+    from asrtrain.pipeline import run_recipe
+    from asrtrain.recipe import compose_recipe
     from asrtrain.stages import STAGES
 
     _setup_logging(verbose)
@@ -60,7 +65,8 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
     if show_config:
         click.echo(OmegaConf.to_yaml(cfg, resolve=True))
         return
-    run_recipe(cfg, STAGES, start, stop, force)
+    names = [n for f in force for n in f.split(",") if n]
+    run_recipe(cfg, STAGES, start, stop, True if "all" in names else set(names), dry_run)
 
 
 @main.command()

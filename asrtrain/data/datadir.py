@@ -174,6 +174,24 @@ class DataDir:
             write_table(path / "utt2num_frames",
                         {u: str(n) for u, n in self.utt2num_frames.items()})
 
+    def copy_without_features(self, dest: str | Path, extra: tuple[str, ...] = ("stm", "glm"),
+                              source: str | Path | None = None) -> None:
+        """Write this data dir to ``dest`` without its feature tables (which ``dest`` loses too,
+        so stale ones never survive), copying the files ``extra`` from ``source`` (the dir this
+        was read from) when they exist: the second data dir Kaldi keeps for other features."""
+        import shutil
+
+        dest = Path(dest)
+        copy = self.subset(self.utts)
+        copy.feats, copy.cmvn, copy.utt2num_frames = {}, {}, {}
+        for table in ("feats.scp", "cmvn.scp", "utt2num_frames"):
+            (dest / table).unlink(missing_ok=True)
+        copy.write(dest)
+        for name in extra if source is not None else ():
+            if (Path(source) / name).is_file():
+                with atomic_open(dest / name, "wb") as f, open(Path(source) / name, "rb") as src:
+                    shutil.copyfileobj(src, f)
+
     def subset(self, utts: list[str] | set[str]) -> DataDir:
         """A new data dir holding only ``utts`` (and the recordings and speakers they use)."""
         keep = set(utts)

@@ -1,0 +1,353 @@
+"""The stage graph: which stages of a recipe must run, and why (docs/architecture.md, "The stage
+graph").
+
+Each stage declares the stages whose outputs it reads and the config keys its result depends on.
+Its digest is a hash of those config values and of its inputs' digests, so a change reaches
+exactly the stages downstream of it and independent branches never invalidate each other. A
+finished stage leaves ``exp/.done/<stage>``, a JSON record of its digest, config and inputs; a
+stage reruns when, and only when, its digest differs from that record, ``--force`` names it, or a
+stage it reads reruns. Inside a stage, steps that are expensive to redo (a GMM pass, a training
+run's checkpoints) are keyed by ``StageContext.resume_key``, which changes with any input, so a run
+killed mid-stage resumes at the step it was in and nothing is reused once an input changed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from asrtrain import AsrtrainError
+from asrtrain.fileio import write_text
+from asrtrain.recipe import Paths
+
+log = logging.getLogger("asrtrain")
+
+#: Sentinel for a config key the composed config does not have.
+ABSENT = "<absent>"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One node of the graph.
+
+    ``reads``: the stages whose outputs it reads (those absent from a recipe count as absent).
+    ``config``: dotted config keys whose values its result depends on, or a function of the
+    config giving those values (when the stage composes its settings, as ``train_hybrid`` does).
+    ``ignored``: dotted keys under those that never change the result (how a run is launched or
+    logged, e.g. ``trainer.threads``): left out of the digest.
+    ``resumable``: dotted keys that may change without discarding the progress of its inner
+    steps (e.g. ``trainer.epochs``: more epochs continue from the last checkpoint).
+    ``check``: validates the config without touching disk; run for every stage that will run
+    before any of them starts.
+    """
+
+    name: str
+    run: Callable[[StageContext], None]
+    reads: tuple[str, ...]
+    config: tuple[str, ...] | Callable[[DictConfig], dict[str, Any]]
+    doc: str
+    ignored: tuple[str, ...] = ()
+    resumable: tuple[str, ...] = ()
+    check: Callable[[DictConfig], None] | None = None
+
+
+@dataclass
+class StageContext:
+    """What a running stage gets: the config, the paths, and the keys of its inner steps."""
+
+    cfg: DictConfig
+    paths: Paths
+    stage: Stage
+    digest: str
+    resume_key: str
+    fresh: bool = False      # forced, or an input reran: discard inner progress
+
+    def step_key(self, *parts: Any) -> str:
+        """Key of an inner step: the stage's resume key and whatever identifies the step."""
+        return _hash({"resume": self.resume_key, "step": parts})
+
+    def step_done(self, marker: Path, key: str) -> bool:
+        """Whether the inner step recorded in ``marker`` ran with ``key`` (never when fresh)."""
+        return not self.fresh and marker.is_file() and marker.read_text().strip() == key
+
+
+@dataclass
+class Decision:
+    """What the plan says of one stage."""
+
+    stage: str
+    run: bool
+    reasons: list[str] = field(default_factory=list)
+    digest: str = ""
+    in_range: bool = True
+
+
+def _hash(obj: Any) -> str:
+    blob = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def select(cfg: DictConfig, key: str) -> Any:
+    """The resolved value of dotted ``key`` in ``cfg`` as plain data, or ``ABSENT``."""
+    value = OmegaConf.select(cfg, key, default=ABSENT)
+    if isinstance(value, DictConfig) or OmegaConf.is_list(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _config_values(cfg: DictConfig, keys: Sequence[str] | Callable) -> dict[str, Any]:
+    return keys(cfg) if callable(keys) else {k: select(cfg, k) for k in keys}
+
+
+def _strip(values: dict[str, Any], resumable: Sequence[str]) -> dict[str, Any]:
+    """``values`` without the resumable keys (each a dotted key under one of ``values``' keys)."""
+    out = json.loads(json.dumps(values, default=str))
+    for key in resumable:
+        for top in out:
+            if key == top:
+                out[top] = ABSENT
+            elif key.startswith(top + ".") and isinstance(out[top], dict):
+                node = out[top]
+                *parents, leaf = key[len(top) + 1:].split(".")
+                for p in parents:
+                    node = node.get(p) if isinstance(node, dict) else None
+                if isinstance(node, dict):
+                    node.pop(leaf, None)
+    return out
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}"))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def _config_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str:
+    a = {k: v for key, val in old.items() for k, v in _flatten(val, key).items()}
+    b = {k: v for key, val in new.items() for k, v in _flatten(val, key).items()}
+    changed = [f"{k}: {a.get(k, ABSENT)!r} -> {b.get(k, ABSENT)!r}"
+               for k in sorted(set(a) | set(b)) if a.get(k, ABSENT) != b.get(k, ABSENT)]
+    more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
+    return "; ".join(changed[:limit]) + more
+
+
+def read_marker(path: Path) -> dict | None:
+    """A stage's done record, or None (missing, or written by an older version: plain text)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "digest" in record else None
+
+
+class Pipeline:
+    """A recipe's stages in order, with their digests; ``plan`` says which must run and why."""
+
+    def __init__(self, cfg: DictConfig, stages: dict[str, Stage]):
+        self.cfg = cfg
+        self.names = [str(n) for n in cfg.stages]
+        for n in self.names:
+            if n not in stages:
+                raise AsrtrainError(f"recipe stage {n!r} is unknown; known stages: "
+                                    f"{', '.join(stages)}")
+        if len(set(self.names)) != len(self.names):
+            raise AsrtrainError(f"stages: {self.names} names a stage twice")
+        self.stages = {n: stages[n] for n in self.names}
+        self.paths = Paths(Path(cfg.exp_dir))
+        self.inputs: dict[str, dict[str, str | None]] = {}
+        self.values: dict[str, dict[str, Any]] = {}
+        self.digests: dict[str, str] = {}
+        for i, name in enumerate(self.names):
+            stage = self.stages[name]
+            for r in stage.reads:
+                if r in self.stages and self.names.index(r) > i:
+                    raise AsrtrainError(f"stages: {name} reads {r}, which comes after it; put "
+                                        f"{r} first")
+            self.inputs[name] = {r: self.digests.get(r) for r in stage.reads}
+            self.values[name] = _strip(_config_values(cfg, stage.config), stage.ignored)
+            self.digests[name] = _hash({"config": self.values[name],
+                                        "inputs": self.inputs[name]})
+
+    def resume_key(self, name: str) -> str:
+        stage = self.stages[name]
+        return _hash({"config": _strip(self.values[name], stage.resumable),
+                      "inputs": self.inputs[name]})
+
+    def plan(self, start: str | None = None, stop: str | None = None,
+             force: bool | Collection[str] = False) -> list[Decision]:
+        """Which stages from ``start`` to ``stop`` run, and why; ``force`` is True (every stage
+        in the range) or the names of stages to rerun (with what reads them)."""
+        for n in (start, stop):
+            if n is not None and n not in self.names:
+                raise AsrtrainError(f"stage {n!r} is not in this recipe; its stages: "
+                                    f"{', '.join(self.names)}")
+        i0 = self.names.index(start) if start else 0
+        i1 = self.names.index(stop) if stop else len(self.names) - 1
+        if i0 > i1:
+            raise AsrtrainError(f"--stage {start} comes after --to {stop} in this recipe")
+        forced = set(self.names[i0:i1 + 1]) if force is True else set(force or ())
+        unknown = forced - set(self.names)
+        if unknown:
+            raise AsrtrainError(f"--force {', '.join(sorted(unknown))}: not a stage of this "
+                                f"recipe; its stages: {', '.join(self.names)}")
+        decisions: dict[str, Decision] = {}
+        for i, name in enumerate(self.names):
+            d = Decision(name, False, digest=self.digests[name], in_range=i0 <= i <= i1)
+            if name in forced:
+                d.reasons.append("forced")
+            record = read_marker(self.paths.markers / name)
+            if record is None:
+                d.reasons.append("not done yet")
+            elif record["digest"] != self.digests[name]:
+                d.reasons.extend(self._why_changed(name, record))
+            for r in self.stages[name].reads:
+                if r in decisions and decisions[r].run:
+                    d.reasons.append(f"{r} reruns")
+            d.run = bool(d.reasons)
+            decisions[name] = d
+        self._check_inputs_outside_range(decisions)
+        return list(decisions.values())
+
+    def _why_changed(self, name: str, record: dict) -> list[str]:
+        reasons = []
+        old_inputs = record.get("inputs", {})
+        for r, digest in self.inputs[name].items():
+            if old_inputs.get(r, ABSENT) != digest:
+                reasons.append(f"{r} changed" if digest else f"{r} is not in the recipe now")
+        changes = _config_changes(record.get("config", {}), self.values[name])
+        if changes:
+            reasons.append(f"config changed: {changes}")
+        return reasons or ["its record differs"]
+
+    def _check_inputs_outside_range(self, decisions: dict[str, Decision]) -> None:
+        """A stage that runs must not read the stale output of a stage the range leaves out."""
+        for d in decisions.values():
+            if not (d.run and d.in_range):
+                continue
+            for r in self.stages[d.stage].reads:
+                dr = decisions.get(r)
+                if dr is not None and dr.run and not dr.in_range:
+                    raise AsrtrainError(
+                        f"stage {d.stage} reads {r}, which is not up to date "
+                        f"({'; '.join(dr.reasons)}) and not in --stage/--to; run {r} first "
+                        f"(e.g. --stage {r})")
+
+    def check(self, decisions: Sequence[Decision]) -> None:
+        """Validate the config of every stage that will run, before any of them starts."""
+        for d in decisions:
+            check = self.stages[d.stage].check
+            if d.run and d.in_range and check is not None:
+                check(self.cfg)
+
+    def context(self, name: str, fresh: bool) -> StageContext:
+        return StageContext(self.cfg, self.paths, self.stages[name], self.digests[name],
+                            self.resume_key(name), fresh)
+
+    def record(self, name: str) -> None:
+        write_text(self.paths.markers / name, json.dumps(
+            {"digest": self.digests[name], "config": self.values[name],
+             "inputs": self.inputs[name], "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+            indent=1, sort_keys=True, default=str) + "\n")
+
+
+def describe_plan(decisions: Sequence[Decision]) -> str:
+    """The ``--dry-run`` listing: one line a stage."""
+    lines = []
+    for d in decisions:
+        if not d.in_range:
+            what = "outside --stage/--to"
+        elif d.run:
+            what = "runs: " + "; ".join(d.reasons)
+        else:
+            what = f"done (digest {d.digest})"
+        lines.append(f"{d.stage:<14} {what}")
+    return "\n".join(lines)
+
+
+def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = None,
+               stop: str | None = None, force: bool | Collection[str] = False,
+               dry_run: bool = False) -> list[str]:
+    """Run the recipe's stages from ``start`` to ``stop`` that the plan says must run; return
+    their names (with ``dry_run``, print the plan and run nothing)."""
+    pipeline = Pipeline(cfg, stages)
+    decisions = pipeline.plan(start, stop, force)
+    todo = [d for d in decisions if d.run and d.in_range]
+    if dry_run:
+        print(describe_plan(decisions), flush=True)
+        return [d.stage for d in todo]
+    pipeline.check(todo)
+    paths = pipeline.paths
+    ran: list[str] = []
+    t_all = time.time()
+    with exp_lock(paths.exp):
+        for d in decisions:
+            if not d.in_range:
+                continue
+            if not d.run:
+                log.info("stage %-13s already done (digest %s): skipped", d.stage, d.digest)
+                continue
+            stage = pipeline.stages[d.stage]
+            log.info("stage %-13s starts: %s (%s)", d.stage, stage.doc, "; ".join(d.reasons))
+            (paths.markers / d.stage).unlink(missing_ok=True)
+            # Inner progress stays usable only when this stage's own record was the reason.
+            fresh = any(r == "forced" or r.endswith(" reruns") for r in d.reasons)
+            t0 = time.time()
+            with _stage_log(paths.logs / f"{d.stage}.log"):
+                stage.run(pipeline.context(d.stage, fresh))
+            pipeline.record(d.stage)
+            log.info("stage %-13s done in %.1f s", d.stage, time.time() - t0)
+            ran.append(d.stage)
+    in_range = [d.stage for d in decisions if d.in_range]
+    if not ran:
+        log.info("nothing to do: every stage from %s to %s is done", in_range[0], in_range[-1])
+    else:
+        log.info("ran %s in %.1f s", ", ".join(ran), time.time() - t_all)
+    return ran
+
+
+@contextmanager
+def exp_lock(exp: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the experiment directory: two runs on one ``exp`` dir would
+    overwrite each other's outputs, so the second one stops and says who holds it."""
+    exp.mkdir(parents=True, exist_ok=True)
+    path = exp / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
+            raise AsrtrainError(f"{exp} is in use by {holder}; wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _stage_log(path: Path) -> Iterator[None]:
+    """Copy every log record to the stage's own log file while the stage runs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()

@@ -1,0 +1,23 @@
+"""The stage table: every stage a recipe may list, one module each (``asrtrain/stages/<name>.py``),
+in the order of the tiny recipe. The Makefile has one target per entry (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+from asrtrain.pipeline import Stage
+from asrtrain.stages import (
+                             align,
+                             decode,
+                             decode_hybrid,
+                             features,
+                             lang,
+                             lm,
+                             mfcc,
+                             prepare,
+                             score,
+                             train,
+                             train_hybrid,
+)
+
+STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
+    prepare, lang, features, train, decode, score, lm, mfcc, align, train_hybrid, decode_hybrid)}

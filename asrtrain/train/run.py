@@ -1,0 +1,67 @@
+"""Starting a training run: which checkpoints it may resume, its resolved config, and the
+launch (in this process for one learner, else under torchrun).
+
+A training directory holds the checkpoints of one run. The stage that trains gives a resume key
+(``asrtrain.pipeline.StageContext.resume_key``: its settings and the digests of everything it
+reads, less the settings a run may change and still continue, such as ``trainer.epochs``). The
+directory remembers the key it was trained with; checkpoints of another key, or any when the
+stage asks for a fresh run, are moved aside (never deleted) and training starts afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from asrtrain import AsrtrainError
+from asrtrain.fileio import write_text
+
+log = logging.getLogger("asrtrain")
+
+#: Trainer settings that only say how a run is launched or logged: they never change the model.
+LAUNCH_ONLY = ("log_every", "threads", "timeout_s", "nnodes", "node_rank", "rdzv_endpoint",
+               "gossip_idle_s")
+#: Trainer settings a run may change and still continue from its checkpoints.
+RESUMABLE = ("epochs", "learners")
+
+
+def prepare_dir(out: Path, resume_key: str, fresh: bool) -> None:
+    """Make ``out`` hold only checkpoints that a run with ``resume_key`` may continue."""
+    stamp = out / "resume_key"
+    if out.is_dir() and any(out.glob("epoch-*.pt")):
+        same = stamp.is_file() and stamp.read_text().strip() == resume_key
+        if fresh or not same:
+            old = out.with_name(f"{out.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            out.rename(old)
+            why = "a fresh run was asked for" if same else "they are of other settings or data"
+            log.warning("%s: its checkpoints moved to %s (%s); training afresh", out, old, why)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(stamp, resume_key + "\n")
+
+
+def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: bool) -> Path:
+    """Train ``cfg.model`` with ``cfg.trainer`` into ``out``; return the final model's path."""
+    prepare_dir(out, resume_key, fresh)
+    run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    run_cfg.train_dir = str(out.resolve())
+    run_cfg.exp_dir = str(exp.resolve())
+    config_path = out / "config.yaml"
+    write_text(config_path, OmegaConf.to_yaml(run_cfg))
+    t = cfg.trainer
+    if int(t.learners) == 1 and int(t.nnodes) == 1:
+        from asrtrain.train.worker import run_learner
+
+        run_learner(config_path)
+    else:
+        from asrtrain.distributed.launch import launch
+
+        launch([str(config_path)], learners=int(t.learners), nnodes=int(t.nnodes),
+               node_rank=int(t.node_rank), rdzv_endpoint=t.get("rdzv_endpoint"),
+               threads=int(t.get("threads") or 0))
+    if not (out / "final.pt").is_file():
+        raise AsrtrainError(f"{out}/final.pt: training ended without a final model "
+                            f"(see {exp / 'log' / 'train.log'})")
+    return out / "final.pt"
