@@ -6,9 +6,17 @@ VENV ?= .venv
 RECIPE ?= recipes/tiny
 ARGS ?=
 ASRTRAIN := $(VENV)/bin/asrtrain
-STAGES := prepare lang lm align features train decode score
+# The stage table of asrtrain/stages/__init__.py, in its order (tests/test_pipeline.py checks it).
+STAGES := prepare lang features train decode score lm mfcc align train_hybrid decode_hybrid
 
-.PHONY: install system-deps smoke test lint bench clean $(STAGES)
+.PHONY: help install system-deps smoke test lint bench clean $(STAGES)
+
+help:
+	@echo "make smoke       set up, then run the tiny recipe end to end (asrtrain run $(RECIPE))"
+	@echo "make test        set up, then run the test suite"
+	@echo "make STAGE       run one stage of RECIPE (default $(RECIPE)), ARGS=\"overrides\":"
+	@echo "                 $(STAGES)"
+	@echo "make lint | bench | clean"
 
 install: $(VENV)/.installed
 

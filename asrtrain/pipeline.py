@@ -183,9 +183,15 @@ class Pipeline:
                                         "inputs": self.inputs[name]})
 
     def resume_key(self, name: str) -> str:
+        """The key of the stage's inner progress: its digest less the resumable settings, and
+        the generation of its last fresh start (a forced run, or one after an input reran, must
+        not reuse inner steps of the same settings made from the inputs before)."""
         stage = self.stages[name]
+        generation = self.paths.markers / f".{name}.generation"
         return _hash({"config": _strip(self.values[name], stage.resumable),
-                      "inputs": self.inputs[name]})
+                      "inputs": self.inputs[name],
+                      "generation": generation.read_text().strip() if generation.is_file()
+                      else None})
 
     def plan(self, start: str | None = None, stop: str | None = None,
              force: bool | Collection[str] = False) -> list[Decision]:
@@ -254,6 +260,8 @@ class Pipeline:
                 check(self.cfg)
 
     def context(self, name: str, fresh: bool) -> StageContext:
+        if fresh:
+            write_text(self.paths.markers / f".{name}.generation", f"{time.time_ns()}\n")
         return StageContext(self.cfg, self.paths, self.stages[name], self.digests[name],
                             self.resume_key(name), fresh)
 
@@ -305,9 +313,10 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             (paths.markers / d.stage).unlink(missing_ok=True)
             # Inner progress stays usable only when this stage's own record was the reason.
             fresh = any(r == "forced" or r.endswith(" reruns") for r in d.reasons)
+            ctx = pipeline.context(d.stage, fresh)
             t0 = time.time()
             with _stage_log(paths.logs / f"{d.stage}.log"):
-                stage.run(pipeline.context(d.stage, fresh))
+                stage.run(ctx)
             pipeline.record(d.stage)
             log.info("stage %-13s done in %.1f s", d.stage, time.time() - t0)
             ran.append(d.stage)

@@ -198,3 +198,20 @@ def test_a_second_run_on_one_exp_dir_is_refused(tmp_path: Path) -> None:
         assert proc.returncode != 0 and f"{exp} is in use by pid" in proc.stderr
     with exp_lock(exp):     # released: free again
         pass
+
+
+def test_the_makefile_has_one_target_per_stage_of_the_table() -> None:
+    from asrtrain.stages import STAGES
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    line = next(ln for ln in makefile.splitlines() if ln.startswith("STAGES :="))
+    assert line.split(":=")[1].split() == list(STAGES)
+
+
+def test_every_stage_lives_in_the_module_named_after_it() -> None:
+    from asrtrain.stages import STAGES
+
+    for name, stage in STAGES.items():
+        assert stage.run.__module__ == f"asrtrain.stages.{name}", name
+        for r in stage.reads:
+            assert r in STAGES, f"{name} reads unknown stage {r}"
