@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from asrtrain import AsrtrainError
-from asrtrain.score import score_hub5, wer_counts
-from asrtrain.score.align import align_words
+from asrtrain.score import counts_json, report_wer, score_decode, score_hub5, wer_counts
+from asrtrain.score.align import Counts, align_words
 from asrtrain.score.command import score_command
 from asrtrain.score.ctm import filter_ctm, kaldi_keep, read_ctm, sort_ctm
 from asrtrain.score.glm import Glm, check_optional_parens, csr_filter_text
@@ -315,3 +315,92 @@ def test_no_glm_equals_sclite(tmp_path: Path) -> None:
     sc = score_hub5(stm, ctm, tmp_path / "sc", glm=None, kaldi_filter=False, backend="sclite")
     assert {k: v.as_dict() for k, v in py.items()} == {k: v.as_dict() for k, v in sc.items()}
     assert py["all"].sub == 2  # without a GLM neither uh-huh/mhm nor mm/um are mapped
+
+
+# ---------------------------------------------------------------- score_decode and report_wer
+
+
+def _data_dir(path: Path, stm: str | None, text: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    if stm is not None:
+        _write(path / "stm", stm)
+        _write(path / "glm", GLM.read_text(encoding="latin-1"))
+    _write(path / "text", "".join(f"{u} {t}\n" for u, t in sorted(text.items())))
+    _write(path / "utt2spk", "".join(f"{u} {u.split('-')[0]}\n" for u in sorted(text)))
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_score_decode_with_stm_is_hub5_scoring(tmp_path: Path) -> None:
+    """An stm in the data dir: the decode dir's ctm scored with its glm for all/swbd/callhm,
+    the same counts as score_hub5 (and SCTK's hubscr.pl), sclite's reports under score/."""
+    stm = (HEADER + "sw_1 A s1 0.00 2.00 <O> uh-huh he is going\n"
+           "en_2 A s2 0.00 2.00 <O> mm gonna go there\n")
+    data = _data_dir(tmp_path / "data", stm, {"s1-1": "ignored", "s2-1": "ignored"})
+    dec = tmp_path / "decode" / "tri2" / "eval2000"
+    dec.mkdir(parents=True)
+    _write(dec / "ctm", "sw_1 A 0.1 0.2 uh-huh\nsw_1 A 0.5 0.2 he's\nsw_1 A 0.9 0.2 going\n"
+           "sw_1 A 1.2 0.2 [noise]\nen_2 A 0.3 0.2 um\nen_2 A 0.8 0.2 gonna\n")
+    counts = score_decode(data, dec)
+    want = score_hub5(data / "stm", dec / "ctm", tmp_path / "direct", glm=data / "glm")
+    assert set(counts) == {"all", "swbd", "callhm"}
+    assert {k: c.as_dict() for k, c in counts.items()} == {k: c.as_dict() for k, c in want.items()}
+    assert (counts["swbd"].err, counts["callhm"].ref_words) == (0, 5)
+    for name in ("ctm.filt", "ctm.swbd.filt", "ctm.callhm.filt"):
+        assert (dec / "score" / f"{name}.sys").read_text() == (
+            tmp_path / "direct" / f"{name}.sys").read_text().replace("hyp.ctm", "ctm")
+    sc = score_decode(data, dec, backend="sclite")
+    assert {k: c.as_dict() for k, c in sc.items()} == {k: c.as_dict() for k, c in counts.items()}
+    # without Kaldi's filter the [noise] token is an insertion
+    assert score_decode(data, dec, kaldi_filter=False)["swbd"].ins == 1
+    with pytest.raises(AsrtrainError, match="unknown scoring backend 'perl'"):
+        score_decode(data, dec, backend="perl")
+    (dec / "ctm").unlink()
+    with pytest.raises(AsrtrainError, match=f"{dec / 'ctm'}: missing"):
+        score_decode(data, dec)
+
+
+def test_score_decode_without_stm_is_plain_wer(tmp_path: Path) -> None:
+    """No stm: the decode dir's text against the data dir's text, subset all only, sclite's
+    alignment (case-insensitive, optional words), per-speaker reports and per-utterance
+    alignments under score/."""
+    data = _data_dir(tmp_path / "data", None, {"a-1": "the cat (uh) sat", "a-2": "on the mat",
+                                               "b-1": "Hello World"})
+    dec = tmp_path / "dec"
+    dec.mkdir()
+    _write(dec / "text", "a-1 the cat sat down\na-2\nb-1 hello word\n")
+    counts = score_decode(data, dec)
+    assert list(counts) == ["all"]
+    c = counts["all"]
+    assert (c.corr, c.sub, c.dels, c.ins, c.segments, c.sent_err) == (5, 1, 3, 1, 3, 3)
+    sys_report = (dec / "score" / "text.sys").read_text()
+    assert "Sum/Avg" in sys_report and "| a " in sys_report and "| b " in sys_report
+    pra = (dec / "score" / "text.pra").read_text()
+    assert "File: b-1" in pra and "Scores: (#C #S #D #I) 1 1 0 0" in pra
+    assert (dec / "score" / "text.dtl").is_file()
+    _write(dec / "text", "a-1 the cat sat\nzz-9 extra\n")
+    with pytest.raises(AsrtrainError, match=r"dec/text: 1 utterance\(s\) have no reference"):
+        score_decode(data, dec)
+    (dec / "text").unlink()
+    with pytest.raises(AsrtrainError, match=f"{dec / 'text'}: missing"):
+        score_decode(data, dec)
+    (data / "text").unlink()
+    with pytest.raises(AsrtrainError, match=f"{data / 'text'}: missing .no stm"):
+        score_decode(data, dec)
+    with pytest.raises(AsrtrainError, match="not a data directory"):
+        score_decode(tmp_path / "nothing", dec)
+
+
+def test_report_wer_prints_logs_and_writes(tmp_path: Path, capsys, caplog) -> None:
+    c = Counts(corr=529, sub=27, dels=14, ins=0, segments=40, sent_err=12)
+    empty = Counts(ins=2)
+    with caplog.at_level("INFO", logger="asrtrain.score"):
+        report_wer("eval2000", "hybrid_tiny", {"all": c, "callhm": empty}, tmp_path / "score")
+    lines = ["eval2000 all: WER 7.19% [ 41 / 570, 0 ins, 14 del, 27 sub ] hybrid_tiny",
+             "eval2000 callhm: WER 200.00% [ 2 / 0, 2 ins, 0 del, 0 sub ] hybrid_tiny"]
+    assert capsys.readouterr().out.splitlines() == lines
+    assert [r.getMessage() for r in caplog.records] == lines
+    assert (tmp_path / "score" / "wer").read_text().splitlines() == [
+        "eval2000_all WER 7.19% [ 41 / 570, 0 ins, 14 del, 27 sub ] hybrid_tiny",
+        "eval2000_callhm WER 200.00% [ 2 / 0, 2 ins, 0 del, 0 sub ] hybrid_tiny"]
+    assert counts_json({"all": c})["all"] == {"wer": 7.19, **c.as_dict()}

@@ -1,25 +1,92 @@
-"""Hub5'00-style scoring whose counts equal NIST SCTK's hubscr.pl/sclite, in pure Python.
+"""Scoring: Hub5'00-style scoring whose counts equal NIST SCTK's hubscr.pl/sclite, in pure Python.
 
-``score_hub5`` scores a CTM against an STM for the subsets all, swbd (files not starting ``en_``)
-and callhm (files not starting ``sw_``), writing sclite-style reports; ``wer_counts`` scores plain
-per-utterance transcripts.  The ``sclite`` backend runs SCTK itself for comparison.
+``score_decode`` is the one scoring entry every decoder and the score stage call: a decode dir
+(``ctm``, ``text``) is scored against its data dir, with Hub5 rules when the data dir has an
+``stm`` (subsets all, swbd: files not starting ``en_``, callhm: files not starting ``sw_``),
+otherwise as plain per-utterance WER on ``text``; reports go to ``<decode dir>/score/``.
+``report_wer`` prints the one-line WER summaries.  ``Counts`` is the one WER record.
+``score_hub5`` scores any CTM against an STM; the ``sclite`` backend runs SCTK itself.
 
 Usage::
 
-    counts = score_hub5(Path("stm"), Path("hyp.ctm"), Path("out"), glm=Path("glm"))
-    print(counts["swbd"].wer)
+    counts = score_decode(Path("exp/data/eval2000"), Path("exp/decode/tri2/eval2000"))
+    report_wer("eval2000", "tri2", counts, Path("exp/decode/tri2/eval2000/score"))
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
 from asrtrain import AsrtrainError
-from asrtrain.score.align import Counts, align_words, wer_counts
-from asrtrain.score.hub5 import SUBSETS, SystemResult, in_subset, score_hub5_python
+from asrtrain.data.datadir import read_table, write_table
+from asrtrain.score.align import Counts, align_words
+from asrtrain.score.hub5 import SUBSETS, SystemResult, in_subset, read_checked, score_hub5_python
+from asrtrain.score.plain import score_text, wer_counts
 
-__all__ = ["Counts", "SUBSETS", "align_words", "report_name", "score_hub5", "wer_counts"]
+__all__ = ["Counts", "SUBSETS", "align_words", "counts_json", "report_name", "report_wer",
+           "score_decode", "score_hub5", "wer_counts"]
+
+BACKENDS = ("python", "sclite")
+
+log = logging.getLogger(__name__)
+
+
+def score_decode(data_dir: Path, decode_dir: Path, *, kaldi_filter: bool = True,
+                 backend: str = "python") -> dict[str, Counts]:
+    """Score a decode dir against its data dir; the counts per subset.
+
+    With ``data_dir/stm``: Hub5 scoring of ``decode_dir/ctm`` (GLM ``data_dir/glm`` if present)
+    for all, swbd and callhm, reports ``decode_dir/score/ctm[.swbd|.callhm].filt.*`` (see
+    ``score_hub5`` for ``kaldi_filter`` and ``backend``).  Without: the plain WER of
+    ``decode_dir/text`` against ``data_dir/text`` (subset ``all`` only, always in Python, no
+    filter), reports ``decode_dir/score/text.{sys,raw,dtl,pra}``."""
+    data_dir, decode_dir = Path(data_dir), Path(decode_dir)
+    if backend not in BACKENDS:
+        raise AsrtrainError(f"unknown scoring backend {backend!r}; use 'python' or 'sclite'")
+    if not data_dir.is_dir():
+        raise AsrtrainError(f"{data_dir}: not a data directory (the reference to score against)")
+    score_dir = decode_dir / "score"
+    if (data_dir / "stm").is_file():
+        _need(decode_dir / "ctm", "the decoder writes it; run the decode first")
+        glm = data_dir / "glm"
+        counts = score_hub5(data_dir / "stm", decode_dir / "ctm", score_dir,
+                            glm if glm.is_file() else None, kaldi_filter, backend)
+    else:
+        _need(data_dir / "text", f"no stm in {data_dir} either: nothing to score against")
+        _need(decode_dir / "text", "the decoder writes it; run the decode first")
+        utt2spk = (read_table(data_dir / "utt2spk") if (data_dir / "utt2spk").is_file()
+                   else None)
+        log.debug("%s: no stm; plain WER of each utterance", data_dir)
+        counts = {"all": score_text(data_dir / "text", decode_dir / "text", score_dir, utt2spk)}
+    log.debug("scored %s: %s", decode_dir,
+              ", ".join(f"{k} {c.wer:.2f}%" for k, c in counts.items()))
+    return counts
+
+
+def _need(path: Path, why: str) -> None:
+    if not path.is_file():
+        raise AsrtrainError(f"{path}: missing ({why})")
+
+
+def report_wer(set_name: str, system: str, counts: dict[str, Counts], score_dir: Path) -> None:
+    """Print, log and write to ``score_dir/wer`` one line per subset (all, swbd, callhm):
+    ``eval2000 all: WER 7.19% [ 41 / 570, 9 ins, 5 del, 27 sub ] hybrid_tiny``."""
+    table, lines = {}, []
+    for subset, c in counts.items():
+        value = (f"WER {100.0 * c.err / max(c.ref_words, 1):.2f}% [ {c.err} / {c.ref_words}, "
+                 f"{c.ins} ins, {c.dels} del, {c.sub} sub ] {system}")
+        table[f"{set_name}_{subset}"] = value
+        lines.append(f"{set_name} {subset}: {value}")
+        log.info("%s", lines[-1])
+    write_table(Path(score_dir) / "wer", table)
+    print("\n".join(lines), flush=True)
+
+
+def counts_json(counts: dict[str, Counts]) -> dict[str, dict]:
+    """Counts per subset as plain numbers for a JSON summary (``wer`` in percent, 2 decimals)."""
+    return {subset: {"wer": round(c.wer, 2), **c.as_dict()} for subset, c in counts.items()}
 
 
 def report_name(ctm: Path, subset: str) -> str:
@@ -45,32 +112,23 @@ def score_hub5(stm: Path, ctm: Path, out_dir: Path, glm: Path | None = None,
             raise AsrtrainError(f"{what} file {path} does not exist")
     if glm is not None and not Path(glm).is_file():
         raise AsrtrainError(f"GLM file {glm} does not exist")
+    if backend not in BACKENDS:
+        raise AsrtrainError(f"unknown scoring backend {backend!r}; use 'python' or 'sclite'")
     if backend == "python":
         results = score_hub5_python(stm, ctm, glm, kaldi_filter)
         for subset, result in results.items():
             write_reports(result, out_dir, report_name(ctm, subset))
         return {subset: result.total for subset, result in results.items()}
-    if backend == "sclite":
-        return _score_sclite(stm, ctm, out_dir, glm, kaldi_filter)
-    raise AsrtrainError(f"unknown scoring backend {backend!r}; use 'python' or 'sclite'")
+    return _score_sclite(stm, ctm, out_dir, glm, kaldi_filter)
 
 
 def _score_sclite(stm: Path, ctm: Path, out_dir: Path, glm: Path | None,
                   kaldi_filter: bool) -> dict[str, Counts]:
-    from asrtrain.score.ctm import kaldi_keep, parse_ctm_line, read_lines
     from asrtrain.score.report import write_reports
     from asrtrain.score.sclite import run_hubscr, sctk_bin
-    from asrtrain.score.stm import parse_stm_line
 
     sctk_bin()
-    stm_lines = read_lines(stm, "STM")
-    ctm_lines = read_lines(ctm, "CTM")
-    for n, line in stm_lines:
-        parse_stm_line(line, stm, n)
-    for n, line in ctm_lines:
-        parse_ctm_line(line, ctm, n)
-    if kaldi_filter:
-        ctm_lines = [(n, line) for n, line in ctm_lines if kaldi_keep(line)]
+    stm_lines, ctm_lines = read_checked(stm, ctm, kaldi_filter)
     out: dict[str, Counts] = {}
     with tempfile.TemporaryDirectory(prefix="asrtrain-score.") as tmp:
         for subset in SUBSETS:

@@ -13,7 +13,7 @@ in thousandths as integers so ties are exact.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from asrtrain import AsrtrainError
 from asrtrain.score.glm import ascii_lower
@@ -307,12 +307,8 @@ class Counts:
         self.sent_err += errors > 0
 
     def __iadd__(self, other: Counts) -> Counts:
-        self.corr += other.corr
-        self.sub += other.sub
-        self.dels += other.dels
-        self.ins += other.ins
-        self.segments += other.segments
-        self.sent_err += other.sent_err
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self
 
     def as_dict(self) -> dict[str, int]:
@@ -329,19 +325,3 @@ def align_words(ref: Sequence[str], hyp: Sequence[str], fragments: bool = True,
         network_from_tokens(parse_text(" ".join(hyp)), fragments, optional),
     )
 
-
-def wer_counts(refs: dict[str, list[str]], hyps: dict[str, list[str]]) -> Counts:
-    """Per-utterance WER counts for data sets without an STM (plain sclite-style alignment).
-
-    Every reference utterance is scored; a missing hypothesis counts as empty.  Hypothesis
-    utterances without a reference raise AsrtrainError.
-    """
-    extra = sorted(set(hyps) - set(refs))
-    if extra:
-        raise AsrtrainError(
-            f"{len(extra)} hypothesis utterance(s) have no reference, e.g. {extra[0]!r}"
-        )
-    total = Counts()
-    for utt in sorted(refs):
-        total.add_path(align_words(refs[utt], hyps.get(utt, [])))
-    return total

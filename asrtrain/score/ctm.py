@@ -21,6 +21,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.score.glm import Glm, check_optional_parens, csr_filter_text
+from asrtrain.score.lines import data_fields, read_lines
 
 
 @dataclass
@@ -37,29 +38,15 @@ class CtmLine:
     source: str = ""
 
 
-def read_lines(path: Path, what: str = "CTM") -> list[tuple[int, str]]:
-    """The lines of a text file with their numbers (latin-1, newlines stripped)."""
-    path = Path(path)
-    try:
-        text = path.read_bytes().decode("latin-1")
-    except OSError as e:
-        raise AsrtrainError(f"cannot read {what} file {path}: {e}") from e
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return list(enumerate(lines, start=1))
-
-
 def parse_ctm_line(line: str, path: Path | str, lineno: int) -> CtmLine | None:
     """Parse one CTM line; ``None`` for comments and blank lines.  Malformed lines raise."""
-    stripped = line.strip()
-    if not stripped or stripped.startswith(";;"):
+    fields = data_fields(line)
+    if fields is None:
         return None
-    fields = stripped.split()
     if len(fields) < 5 or len(fields) > 6:
         raise AsrtrainError(
             f"{path}:{lineno}: CTM line needs <file> <channel> <start> <duration> <word> "
-            f"[<confidence>], got {len(fields)} fields: {stripped!r}"
+            f"[<confidence>], got {len(fields)} fields: {line.strip()!r}"
         )
     for value, what in ((fields[2], "start"), (fields[3], "duration")):
         try:
@@ -82,7 +69,7 @@ def parse_ctm_line(line: str, path: Path | str, lineno: int) -> CtmLine | None:
 def read_ctm(path: Path) -> list[CtmLine]:
     """Read a CTM file (file order); raises AsrtrainError naming file and line."""
     out = []
-    for lineno, line in read_lines(path):
+    for lineno, line in read_lines(path, "CTM"):
         entry = parse_ctm_line(line, path, lineno)
         if entry is not None:
             out.append(entry)

@@ -59,6 +59,25 @@ def _field(text: str, start: int, end: int) -> str:
     return text[start : end + 1] if end >= start else ""
 
 
+def _rtrim(text: str, start: int, end: int) -> int:
+    """Move ``end`` back over white space, not before ``start`` (rfilter1's order of tests)."""
+    while text[end] in _C_SPACE and end > start:
+        end -= 1
+    return end
+
+
+def _after_marker(text: str, start: int, end: int) -> str:
+    """The field after the marker at ``start`` (``=>``, ``/`` or ``__``) up to ``end``: skip the
+    marker's characters, then white space, then one pair of bounding brackets."""
+    while text[start] not in _C_SPACE and start < end:
+        start += 1
+    if start >= end:
+        return ""
+    while text[start] in _C_SPACE:
+        start += 1
+    return _field(text, *_strip_brackets(text, start, end))
+
+
 def _parse_rule(line: str, lineno: int, path: Path) -> GlmRule:
     """Parse a NIST1 data line the way rfilter1's r_process_data_line does (quirks included)."""
     ieq = line.find("=>")
@@ -81,51 +100,14 @@ def _parse_rule(line: str, lineno: int, path: Path) -> GlmRule:
     source = ""
     start = len(line) - len(line.lstrip(_C_SPACE))
     if start < ieq:
-        end = ieq - 1
-        while end > start and line[end] in _C_SPACE:
-            end -= 1
-        start, end = _strip_brackets(line, start, end)
-        source = _field(line, start, end)
-
-    # right-hand side
-    target = ""
-    start = ieq
-    if icontext < 0:
-        end = last
-    else:
-        end = icontext - 1
-        while line[end] in _C_SPACE and end > start:
-            end -= 1
-    while line[start] not in _C_SPACE and start < end:
-        start += 1
-    if start < end:
-        while line[start] in _C_SPACE:
-            start += 1
-        start, end = _strip_brackets(line, start, end)
-        target = _field(line, start, end)
-
+        source = _field(line, *_strip_brackets(line, start, _rtrim(line, start, ieq - 1)))
+    # right-hand side, then the contexts: each field starts after its marker (=>, /, __)
+    end = last if icontext < 0 else _rtrim(line, ieq, icontext - 1)
+    target = _after_marker(line, ieq, end)
     left = right = ""
     if icontext >= 0 and islot >= 0:
-        start = icontext
-        end = islot - 1
-        while line[end] in _C_SPACE and end > start:
-            end -= 1
-        while line[start] not in _C_SPACE and start < end:
-            start += 1
-        if start < end:
-            while line[start] in _C_SPACE:
-                start += 1
-            start, end = _strip_brackets(line, start, end)
-            left = _field(line, start, end)
-        start = islot
-        end = last
-        while line[start] not in _C_SPACE and start < end:
-            start += 1
-        if start < end:
-            while line[start] in _C_SPACE:
-                start += 1
-            start, end = _strip_brackets(line, start, end)
-            right = _field(line, start, end)
+        left = _after_marker(line, icontext, _rtrim(line, icontext, islot - 1))
+        right = _after_marker(line, islot, last)
     return GlmRule(source, target, left, right, lineno)
 
 
@@ -173,21 +155,17 @@ class Glm:
 
     @classmethod
     def load(cls, path: Path, input_type: str = "stm", purpose: str = "ref") -> Glm:
+        from asrtrain.score.lines import read_lines
+
         path = Path(path)
-        try:
-            raw = path.read_bytes().decode("latin-1")
-        except OSError as e:
-            raise AsrtrainError(f"cannot read GLM file {path}: {e}") from e
-        lines = raw.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        if not lines:
+        numbered = read_lines(path, "GLM")
+        if not numbered:
             raise AsrtrainError(f"{path}: GLM file is empty")
         # csrfilt.sh: keep only the regions whose INPUT_DEPENDENT_APPLICATION regexp matches the
         # input type or the data purpose.
         kept: list[tuple[int, str]] = []
         applies = True
-        for lineno, line in enumerate(lines, start=1):
+        for lineno, line in numbered:
             m = re.match(r';;\s+INPUT_DEPENDENT_APPLICATION\s*=\s*"([^"]*)"', line)
             if m:
                 expr = m.group(1).lower()

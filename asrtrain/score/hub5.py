@@ -28,10 +28,10 @@ from asrtrain.score.ctm import (
     kaldi_keep,
     parse_ctm_line,
     parse_filtered_ctm,
-    read_lines,
     sort_ctm,
 )
 from asrtrain.score.glm import Glm, ascii_lower
+from asrtrain.score.lines import read_lines
 from asrtrain.score.stm import StmSegment, filter_stm, parse_stm_line, sort_stm
 
 SUBSETS = ("all", "swbd", "callhm")
@@ -179,21 +179,29 @@ def score_subset(stm_lines: list[tuple[int, str]], ctm_lines: list[tuple[int, st
     return score_filtered(ref, hyp, title, str(ctm_path))
 
 
-def score_hub5_python(stm: Path, ctm: Path, glm: Path | None = None, kaldi_filter: bool = True,
-                      subsets: Iterable[str] = SUBSETS) -> dict[str, SystemResult]:
-    """Score all subsets with the pure-Python scorer; returns the sclite results per subset."""
-    stm, ctm = Path(stm), Path(ctm)
-    glm_ref = Glm.load(glm, "stm", "ref") if glm is not None else Glm.empty()
-    glm_hyp = Glm.load(glm, "ctm", "hyp") if glm is not None else Glm.empty()
+def read_checked(stm: Path, ctm: Path, kaldi_filter: bool,
+                 ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The numbered lines of both files, every line validated up front (so an error names its
+    line even when a subset would drop it); with ``kaldi_filter`` the CTM lines that Kaldi's
+    score_sclite.sh removes are left out."""
     stm_lines = read_lines(stm, "STM")
     ctm_lines = read_lines(ctm, "CTM")
-    # Validate every line up front so errors name the line even if a subset would drop it.
     for lineno, line in stm_lines:
         parse_stm_line(line, stm, lineno)
     for lineno, line in ctm_lines:
         parse_ctm_line(line, ctm, lineno)
     if kaldi_filter:
         ctm_lines = [(n, line) for n, line in ctm_lines if kaldi_keep(line)]
+    return stm_lines, ctm_lines
+
+
+def score_hub5_python(stm: Path, ctm: Path, glm: Path | None = None, kaldi_filter: bool = True,
+                      subsets: Iterable[str] = SUBSETS) -> dict[str, SystemResult]:
+    """Score all subsets with the pure-Python scorer; returns the sclite results per subset."""
+    stm, ctm = Path(stm), Path(ctm)
+    glm_ref = Glm.load(glm, "stm", "ref") if glm is not None else Glm.empty()
+    glm_hyp = Glm.load(glm, "ctm", "hyp") if glm is not None else Glm.empty()
+    stm_lines, ctm_lines = read_checked(stm, ctm, kaldi_filter)
     return {
         subset: score_subset(stm_lines, ctm_lines, stm, ctm, subset, glm_ref, glm_hyp,
                              ctm.name if subset == "all" else f"{ctm.name}.{subset}")

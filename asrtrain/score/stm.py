@@ -15,6 +15,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.score.glm import Glm, check_optional_parens, csr_filter_text
+from asrtrain.score.lines import data_fields, read_lines
 
 
 @dataclass
@@ -39,29 +40,15 @@ def _number(field: str, path: Path | str, lineno: int, what: str) -> float:
         raise AsrtrainError(f"{path}:{lineno}: STM {what} time {field!r} is not a number") from None
 
 
-def read_stm_lines(path: Path) -> list[tuple[int, str]]:
-    """The raw lines of an STM file with their line numbers (latin-1, newline stripped)."""
-    path = Path(path)
-    try:
-        text = path.read_bytes().decode("latin-1")
-    except OSError as e:
-        raise AsrtrainError(f"cannot read STM file {path}: {e}") from e
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return list(enumerate(lines, start=1))
-
-
 def parse_stm_line(line: str, path: Path | str, lineno: int) -> StmSegment | None:
     """Parse one STM line; ``None`` for comment and blank lines.  Malformed lines raise."""
-    stripped = line.strip()
-    if not stripped or stripped.startswith(";;"):
+    fields = data_fields(line)
+    if fields is None:
         return None
-    fields = stripped.split()
     if len(fields) < 5:
         raise AsrtrainError(
             f"{path}:{lineno}: STM line needs <file> <channel> <speaker> <start> <end> [<labels>] "
-            f"text, got {len(fields)} fields: {stripped!r}"
+            f"text, got {len(fields)} fields: {line.strip()!r}"
         )
     start = _number(fields[3], path, lineno, "start")
     end = _number(fields[4], path, lineno, "end")
@@ -76,7 +63,7 @@ def parse_stm_line(line: str, path: Path | str, lineno: int) -> StmSegment | Non
 def read_stm(path: Path) -> list[StmSegment]:
     """Read an STM file into segments (file order); raises AsrtrainError naming file and line."""
     segments = []
-    for lineno, line in read_stm_lines(path):
+    for lineno, line in read_lines(path, "STM"):
         seg = parse_stm_line(line, path, lineno)
         if seg is not None:
             segments.append(seg)
