@@ -119,6 +119,8 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
     ``self_loop_scale * log(1 - p)``, all non-self-loop parts times ``transition_scale``;
     ``scaled`` passes those matrices precomputed (:func:`scale_transitions`) for a batch.
     """
+    # One function on purpose (over 80 lines): the triphone expansion and the HMM state arcs
+    # index the same state tables as they are built; Kaldi's CompileGraph is one routine too.
     into: dict[int, list[int]] = {}
     out_of: dict[int, list[int]] = {}
     for i, a in enumerate(pg.arcs):

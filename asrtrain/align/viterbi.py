@@ -29,6 +29,8 @@ def viterbi_batch(graphs: list[HmmGraph], loglikes: list[torch.Tensor],
                   acoustic_scale: float = 0.1,
                   device: torch.device | str = "cpu") -> list[Alignment]:
     """Align each utterance (``loglikes[u]``: ``[T_u, num_pdfs]``) through ``graphs[u]``."""
+    # One function on purpose (over 80 lines): the batched tensors built at the top are used by
+    # the forward pass and the backtrace below; split, they would travel as a dozen arguments.
     device = torch.device(device)
     lengths = [int(ll.shape[0]) for ll in loglikes]
     offsets = np.cumsum([0] + [g.num_states for g in graphs])
