@@ -26,8 +26,7 @@ from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.graph import PhoneGraph, hmm_graph, phone_graph, scale_transitions
 from asrtrain.align.tree import Tree
 from asrtrain.align.viterbi import viterbi_batch
-from asrtrain.data.datadir import DataDir
-from asrtrain.features.transform import FeatureTransform
+from asrtrain.features.reader import FeatureReader
 from asrtrain.fileio import atomic_open, write_text
 from asrtrain.lang.lexicon import Lang
 
@@ -47,19 +46,11 @@ def load_data(data_dir: Path, lang: Lang, delta_order: int = 2) -> tuple[list[Ut
                                                                           dict[str, str]]:
     """Read text, feats.scp and cmvn.scp (Kaldi apply-cmvn: per-speaker means, no variance
     normalization) and add deltas.  Returns the utterances and the ones left out with why
-    (transcript words outside the lexicon when it has no <unk>, missing features)."""
-    data_dir = Path(data_dir)
-    data = DataDir.read(data_dir)
-    for name in ("feats.scp", "cmvn.scp"):
-        if not (data_dir / name).is_file():
-            raise AsrtrainError(f"{data_dir / name}: missing; run the mfcc features stage first")
-    feats = kaldiio.load_scp(str(data_dir / "feats.scp"))
-    cmvn = {spk: np.asarray(m) for spk, m in kaldiio.load_scp(str(data_dir / "cmvn.scp")).items()}
-    for utt in data.utts:
-        if data.utt2spk[utt] not in cmvn:
-            raise AsrtrainError(f"{data_dir / 'cmvn.scp'}: no stats for speaker "
-                                f"{data.utt2spk[utt]} (utterance {utt})")
-    transform = FeatureTransform(cmvn, data.utt2spk, norm_vars=False, delta_order=delta_order)
+    (transcript words outside the lexicon when it has no <unk>); an utterance without features
+    is an error (see :class:`FeatureReader`)."""
+    reader = FeatureReader(data_dir, delta_order, norm_vars=False, require_cmvn=True,
+                           hint="run the mfcc features stage first")
+    data = reader.data
     out, skipped = [], {}
     for utt in data.utts:
         words = []
@@ -72,10 +63,7 @@ def load_data(data_dir: Path, lang: Lang, delta_order: int = 2) -> tuple[list[Ut
             words.append(w)
         if utt in skipped:
             continue
-        if utt not in feats:
-            skipped[utt] = "no features in feats.scp"
-            continue
-        out.append(Utterance(utt, words, transform(utt, np.asarray(feats[utt]))))
+        out.append(Utterance(utt, words, reader[utt]))
     return out, skipped
 
 

@@ -7,11 +7,23 @@ segment a word belongs to, not for forced alignment.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from asrtrain.data.datadir import write_table
+from asrtrain.features.reader import FeatureReader, length_batches
+from asrtrain.fileio import atomic_open
 from asrtrain.lang.bpe import Units
+from asrtrain.models.checkpoint import load_model
+from asrtrain.models.ctc import greedy_units
+
+__all__ = ["TimedWord", "decode_data_dir", "greedy_units", "units_to_words", "write_ctm"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -19,21 +31,6 @@ class TimedWord:
     word: str
     start: float      # seconds from the start of the utterance
     duration: float
-
-
-def greedy_units(logits: torch.Tensor, lengths: torch.Tensor,
-                 blank: int = 0) -> list[list[tuple[int, int]]]:
-    """(unit id, output frame) of every emitted unit, per utterance of the batch."""
-    best = logits.argmax(-1).cpu()
-    out = []
-    for b in range(best.shape[0]):
-        seq, prev = [], blank
-        for t, u in enumerate(best[b, : int(lengths[b])].tolist()):
-            if u != blank and u != prev:
-                seq.append((u, t))
-            prev = u
-        out.append(seq)
-    return out
 
 
 def units_to_words(seq: list[tuple[int, int]], units: Units,
@@ -61,8 +58,6 @@ def write_ctm(path, words_by_utt: dict[str, list[TimedWord]], data) -> int:
     Utterance times are shifted by the segment start and the recording is mapped to sclite's
     file and channel through reco2file_and_channel (as Kaldi's convert_ctm.pl does).
     """
-    from asrtrain.fileio import atomic_open
-
     lines = []
     for utt, words in words_by_utt.items():
         if data.segments:
@@ -84,43 +79,31 @@ def write_ctm(path, words_by_utt: dict[str, list[TimedWord]], data) -> int:
 def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int = 20000,
                     threads: int = 0) -> dict[str, float]:
     """Greedy-decode every utterance of ``data_dir``; write ``text`` hyps and ``ctm``."""
-    import logging
-    import time
-    from pathlib import Path
-
-    from asrtrain.data.datadir import DataDir, write_table
-    from asrtrain.models import build_model
-    from asrtrain.train import checkpoint
-    from asrtrain.train.data import UtteranceSet, iterate
-
-    log = logging.getLogger(__name__)
     if threads:
         torch.set_num_threads(threads)
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    ckpt = checkpoint.load(model_path)
+    model, ckpt = load_model(model_path, head="ctc")
     units = Units(units_path)
-    feats = ckpt["features"]
-    mcfg = ckpt["model_config"]
-    dataset = UtteranceSet(data_dir, lambda text: [], delta_order=int(feats["delta_order"]),
-                           norm_vars=bool(feats["norm_vars"]), max_frames=10**9)
-    model = build_model(mcfg, ckpt["input_dim"], ckpt["output_dim"])
-    model.load_state_dict(ckpt["model"])
-    model.eval()
-    frame_seconds = float(feats.get("frame_shift", 10.0)) / 1000 * model.stack_frames
+    reader = FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars, need_num_frames=True,
+                           input_dim=ckpt.input_dim)
+    frame_seconds = ckpt.frame_shift * model.stack_frames
     hyps: dict[str, list[TimedWord]] = {}
     t0 = time.time()
     frames = 0
-    for batch in iterate(dataset, dataset.batches(batch_frames, None)):
-        logits, lengths = model(batch.feats, batch.lengths)
-        frames += batch.frames
-        for utt, seq in zip(batch.utts, greedy_units(logits, lengths, units.blank), strict=True):
+    utts = reader.utts
+    for idx in length_batches([reader.num_frames[u] for u in utts], batch_frames):
+        batch = [utts[i] for i in idx]
+        feats, lengths = reader.batch(batch)
+        logits, out_lengths = model(feats, lengths)
+        frames += int(lengths.sum())
+        for utt, seq in zip(batch, greedy_units(logits, out_lengths, units.blank), strict=True):
             hyps[utt] = units_to_words(seq, units, frame_seconds)
     elapsed = time.time() - t0
-    data = DataDir.read(data_dir)
+    data = reader.data
     out_dir.mkdir(parents=True, exist_ok=True)
     write_table(out_dir / "text", {u: " ".join(w.word for w in ws) for u, ws in hyps.items()})
     n = write_ctm(out_dir / "ctm", hyps, data)
-    audio_seconds = frames * float(feats.get("frame_shift", 10.0)) / 1000
+    audio_seconds = frames * ckpt.frame_shift
     rtf = elapsed / max(audio_seconds, 1e-9)
     log.info("%s: decoded %d utterances (%.1f min of audio) in %.1f s, real-time factor %.3f; "
              "%d words in %s", data_dir, len(hyps), audio_seconds / 60, elapsed, rtf, n,

@@ -2,7 +2,7 @@
 
 Pseudo log-likelihoods (Kaldi's nnet decoding): ``acoustic_scale * (log p(pdf | x) - prior_scale *
 log p(pdf))``, the posteriors from the BLSTM run over each utterance cut into the ``chunk``-frame
-chunks it was trained on (``chunks.chunk_starts``; the overlapping last chunk contributes only
+chunks it was trained on (``reader.chunk_starts``; the overlapping last chunk contributes only
 the frames the chunk before it did not cover), the priors from the training alignments (stored in
 the checkpoint).  They are decoded through ``make_graph``'s HCLG with kaldi-decoder's
 ``LatticeSimpleDecoder``, which gives a state-level lattice per utterance (graph and acoustic
@@ -20,138 +20,90 @@ Words are timed from the best path's transition states: word-position phones (``
 give the word boundaries, as Kaldi's ``lattice-align-words`` does with ``word_boundary.int``.
 Each setting's CTM is scored (Hub5 rules with the data dir's ``stm``, plain WER on ``text``
 otherwise) and, as Kaldi does, the setting with the lowest WER on the scored set itself is kept,
-unless ``lmwt``/``wip`` fix it.  Outputs: ``out_dir/ctm``, ``out_dir/text``, ``out_dir/score/``
-(reports of the chosen setting), ``out_dir/sweep.json`` (every setting's WER, RTF, settings).
+unless ``lmwt``/``wip`` fix it.  Outputs, the one decode-dir layout (asrtrain/decode/__init__.py):
+``out_dir/ctm``, ``out_dir/text``, ``out_dir/score/`` (``score_decode``'s reports of the chosen
+setting), ``out_dir/decode.json`` (every setting's WER, RTF, settings).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import kaldi_decoder
 import kaldifst
-import kaldiio
 import numpy as np
 import torch
 from kaldifst.lib._kaldifst import _ArcIteratorLattice
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir, write_table
-from asrtrain.decode.ctc import TimedWord, write_ctm
+from asrtrain.data.datadir import DataDir
+from asrtrain.decode import HybridDecodeConfig, score_candidates, write_decode_dir
+from asrtrain.decode.ctc import TimedWord
 from asrtrain.decode.graph import Graph, load_graph
-from asrtrain.fileio import atomic_dir, write_text
+from asrtrain.features.reader import FeatureReader, chunk_starts
 from asrtrain.lang.phones import PhoneSet
-from asrtrain.train.chunks import chunk_starts
-from asrtrain.train.data import load_transform
+from asrtrain.models.checkpoint import ModelCheckpoint
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {"decoder": "lattice", "acoustic_scale": 0.1, "prior_scale": 1.0, "beam": 15.0,
-            "lattice_beam": 8.0, "max_active": 7000,
-            "min_lmwt": 7, "max_lmwt": 17, "wips": [0.0, 0.5, 1.0], "lmwt": None, "wip": None,
-            "batch_chunks": 256, "threads": 0, "device": "cpu"}
-
-
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-                  cfg: Mapping | None = None) -> dict:
+                  cfg: Mapping | HybridDecodeConfig | None = None) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
 
-    ``cfg`` keys (defaults in ``DEFAULTS``): ``decoder`` (lattice | faster), ``acoustic_scale``
+    ``cfg``: ``HybridDecodeConfig``'s keys (defaults there): ``decoder`` (lattice | faster), ``acoustic_scale``
     (0.1), ``prior_scale`` (1.0), ``beam`` (15), ``lattice_beam`` (8, lattice decoder),
     ``max_active`` (7000, faster decoder), ``min_lmwt``..``max_lmwt`` (7..17) and ``wips``
     ([0, 0.5, 1]) for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
     this set, ``batch_chunks`` (chunks per forward pass), ``threads`` (torch CPU threads, 0:
-    leave as is), ``device``.  Returns the summary written to ``sweep.json``: the chosen
+    leave as is), ``device``.  Returns the summary written to ``decode.json``: the chosen
     ``lmwt``/``wip``, ``wer`` per subset, every setting's WER under ``sweep``, and the real-time
-    factors (network, search, both; feature reading and the sweep's rescoring not included)."""
-    from asrtrain.models import build_model
-    from asrtrain.train import checkpoint
-
-    c = _config(cfg)
+    factors (network, search, both; feature reading and the sweep's rescoring not included);
+    plus ``counts``, the chosen setting's ``Counts`` per subset ({} with nothing to score)."""
+    c = HybridDecodeConfig.from_config(cfg)
     model_path, graph_dir, data_dir, out_dir = map(Path, (model_path, graph_dir, data_dir, out_dir))
     graph = load_graph(graph_dir)
-    ckpt = checkpoint.load(model_path)
-    for key in ("model", "model_config", "input_dim", "output_dim", "features", "log_priors"):
-        if key not in ckpt:
-            raise AsrtrainError(f"{model_path}: no {key!r} in the checkpoint; a hybrid model is "
-                                "trained with model.head=ce")
-    if int(ckpt["output_dim"]) != int(graph.info["num_pdfs"]):
-        raise AsrtrainError(f"{model_path}: the model has {ckpt['output_dim']} outputs but "
+    # The checkpoint is checked against the graph before the model is built from it
+    # (``load_model`` in two steps), so a model for another tree is named as such.
+    ckpt = ModelCheckpoint.load(model_path, head="ce")
+    if ckpt.output_dim != int(graph.info["num_pdfs"]):
+        raise AsrtrainError(f"{model_path}: the model has {ckpt.output_dim} outputs but "
                             f"{graph_dir / 'HCLG.fst'} was built for {graph.info['num_pdfs']} "
                             "pdfs; train on this graph's alignments or rebuild the graph")
-    if int(c["threads"]) > 0:
-        torch.set_num_threads(int(c["threads"]))
-    device = torch.device(str(c["device"]))
-    model = build_model(ckpt["model_config"], int(ckpt["input_dim"]), int(ckpt["output_dim"]))
-    model.load_state_dict(ckpt["model"])
-    model.to(device).eval()
-    feats_cfg = ckpt["features"]
-    frame_shift = float(feats_cfg.get("frame_shift", 10.0)) / 1000
-    priors = torch.as_tensor(ckpt["log_priors"], dtype=torch.float32)
-    if priors.shape != (int(ckpt["output_dim"]),):
-        raise AsrtrainError(f"{model_path}: log_priors has shape {tuple(priors.shape)}, expected "
-                            f"[{ckpt['output_dim']}]")
-    data = DataDir.read(data_dir)
-    utts = _feature_reader(data, data_dir, int(feats_cfg.get("delta_order", 0)),
-                           bool(feats_cfg.get("norm_vars", False)), int(ckpt["input_dim"]))
-    loglikes = pseudo_loglikes(model, utts, priors, int(ckpt.get("chunk", 21)),
-                               float(c["prior_scale"]), float(c["acoustic_scale"]),
-                               int(c["batch_chunks"]), device)
-    return decode_loglikes(loglikes, graph, data_dir, out_dir, c, frame_shift)
+    if c.threads > 0:
+        torch.set_num_threads(c.threads)
+    device = torch.device(c.device)
+    model = ckpt.build(device, model_path)
+    utts = _feature_reader(data_dir, ckpt)
+    loglikes = pseudo_loglikes(model, utts, ckpt.log_priors, ckpt.chunk or 21,
+                               c.prior_scale, c.acoustic_scale, c.batch_chunks, device)
+    return decode_loglikes(loglikes, graph, data_dir, out_dir, c, ckpt.frame_shift)
 
 
 def decode_loglikes(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph | Path,
-                    data_dir: Path, out_dir: Path, cfg: Mapping | None = None,
+                    data_dir: Path, out_dir: Path,
+                    cfg: Mapping | HybridDecodeConfig | None = None,
                     frame_shift: float = 0.01) -> dict:
     """Steps 2 and 3 of ``decode_hybrid`` for any source of scaled pdf log-likelihoods:
     (utterance, [frames, num_pdfs] float32, seconds spent computing them) per utterance."""
-    c = _config(cfg)
+    c = HybridDecodeConfig.from_config(cfg)
     if not isinstance(graph, Graph):
         graph = load_graph(Path(graph))
-    settings = _settings(c)
+    settings = c.settings()
     hyps, stats = decode_sweep(loglikes, graph, settings, c, frame_shift)
     return score_sweep(hyps, settings, c, DataDir.read(data_dir), Path(data_dir), Path(out_dir),
                        stats)
 
 
-def _config(cfg: Mapping | None) -> dict:
-    unknown = sorted(set(cfg or {}) - set(DEFAULTS))
-    if unknown:
-        raise AsrtrainError(f"decode config: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
-    return {**DEFAULTS, **dict(cfg or {})}
-
-
 # ---------------------------------------------------------------------------- acoustic model
-def _feature_reader(data: DataDir, data_dir: Path, delta_order: int, norm_vars: bool,
-                    input_dim: int) -> Iterator[tuple[str, np.ndarray]]:
-    """(utterance, transformed features) in the data dir's order; errors name feats.scp."""
-    if not data.feats:
-        raise AsrtrainError(f"{data_dir / 'feats.scp'}: missing; run the features stage (fbank "
-                            "as the model was trained on)")
-    missing = [u for u in data.utts if u not in data.feats]
-    if missing:
-        raise AsrtrainError(f"{data_dir / 'feats.scp'}: no features for {len(missing)} "
-                            f"utterances, e.g. {missing[0]}; rerun the features stage")
-    transform = load_transform(data, data_dir, delta_order, norm_vars)
-
-    def read() -> Iterator[tuple[str, np.ndarray]]:
-        for utt in data.utts:
-            try:
-                m = transform(utt, kaldiio.load_mat(data.feats[utt]))
-            except Exception as e:
-                raise AsrtrainError(f"{data_dir / 'feats.scp'}: utterance {utt}: {e}") from e
-            if m.shape[1] != input_dim:
-                raise AsrtrainError(f"{data_dir / 'feats.scp'}: utterance {utt} has "
-                                    f"{m.shape[1]}-dim features after the transform, the model "
-                                    f"takes {input_dim}; use the model's feature config")
-            yield utt, np.asarray(m, dtype=np.float32)
-
-    return read()
+def _feature_reader(data_dir: Path, ckpt: ModelCheckpoint) -> Iterator[tuple[str, np.ndarray]]:
+    """(utterance, transformed features) in the data dir's order, read as the model was trained
+    (its checkpoint's features config); errors name feats.scp or cmvn.scp."""
+    return iter(FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars,
+                              input_dim=ckpt.input_dim,
+                              hint="run the features stage (fbank as the model was trained on)"))
 
 
 @torch.no_grad()
@@ -215,23 +167,6 @@ def pseudo_loglikes(model: torch.nn.Module, utts: Iterator[tuple[str, np.ndarray
 
 
 # ---------------------------------------------------------------------------- search
-def _settings(c: Mapping) -> list[tuple[int, float]]:
-    lmwts = [int(c["lmwt"])] if c.get("lmwt") is not None else list(
-        range(int(c["min_lmwt"]), int(c["max_lmwt"]) + 1))
-    wips = [float(c["wip"])] if c.get("wip") is not None else [float(w) for w in c["wips"]]
-    if c["decoder"] not in ("lattice", "faster"):
-        raise AsrtrainError(f"decode.decoder={c['decoder']!r}: expected lattice or faster")
-    if c["decoder"] == "faster":
-        if c.get("wip") not in (None, 0, 0.0):
-            raise AsrtrainError(f"decode.wip={c['wip']}: the faster decoder gives no lattice to "
-                                "add an insertion penalty to; use decoder=lattice")
-        wips = [0.0]
-    if not lmwts or not wips or min(lmwts) <= 0:
-        raise AsrtrainError(f"decode: LM weights {lmwts} and insertion penalties {wips}: need "
-                            "at least one of each, LM weights positive")
-    return [(lmwt, wip) for lmwt in lmwts for wip in wips]
-
-
 def _with_penalty(lat: kaldifst.Lattice, wip: float) -> kaldifst.Lattice:
     """``lattice-add-penalty``: ``wip`` added to the graph cost of every word arc."""
     out = kaldifst.Lattice()
@@ -318,7 +253,7 @@ def word_times(tstates: list[int], word_ids: list[int], graph: Graph, positions:
 
 
 def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph,
-                 settings: list[tuple[int, float]], c: Mapping, frame_shift: float,
+                 settings: list[tuple[int, float]], c: HybridDecodeConfig, frame_shift: float,
                  ) -> tuple[dict[tuple[int, float], dict[str, list[TimedWord]]], dict]:
     """Lattice-decode each utterance's scaled pdf log-likelihoods; timed 1-best per setting.
 
@@ -328,18 +263,17 @@ def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph
     phones = PhoneSet.read(lang_dir)
     positions = np.array([phones.position_of(s) for s in phones.phones.id2sym], dtype=object)
     hclg = graph.hclg   # the decoder holds a raw pointer to it
-    if c["decoder"] == "lattice":
-        config = kaldi_decoder.LatticeSimpleDecoderConfig(beam=float(c["beam"]),
-                                                           lattice_beam=float(c["lattice_beam"]))
+    if c.decoder == "lattice":
+        config = kaldi_decoder.LatticeSimpleDecoderConfig(beam=c.beam, lattice_beam=c.lattice_beam)
         decoder = kaldi_decoder.LatticeSimpleDecoder(hclg, config)
     else:
         opts = kaldi_decoder.FasterDecoderOptions()
-        opts.beam = float(c["beam"])
-        opts.max_active = int(c["max_active"])
+        opts.beam = c.beam
+        opts.max_active = c.max_active
         decoder = kaldi_decoder.FasterDecoder(hclg, opts)
     tstate_pdf = graph.tstates[:, 2]
     num_pdfs = int(graph.info["num_pdfs"])
-    acoustic_scale = float(c["acoustic_scale"])
+    acoustic_scale = c.acoustic_scale
     hyps: dict[tuple[int, float], dict[str, list[TimedWord]]] = {s: {} for s in settings}
     nn_seconds = search_seconds = sweep_seconds = 0.0
     frames = utts = untimed = failed = 0
@@ -352,7 +286,7 @@ def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph
         utts += 1
         t0 = time.time()
         ll = np.ascontiguousarray(ll[:, tstate_pdf])
-        if c["decoder"] == "lattice":
+        if c.decoder == "lattice":
             decoder.decode(kaldi_decoder.DecodableCtc(ll))
             ok, lat = decoder.get_raw_lattice(use_final_probs=True)
             if not ok or lat.num_states == 0:
@@ -398,36 +332,18 @@ def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph
 
 
 # ---------------------------------------------------------------------------- scoring
-def _score(ctm: Path, words: dict[str, list[TimedWord]], data: DataDir, data_dir: Path,
-           score_dir: Path) -> dict[str, dict]:
-    from asrtrain.score import score_hub5, wer_counts
-
-    if (data_dir / "stm").is_file():
-        glm = data_dir / "glm"
-        counts = score_hub5(data_dir / "stm", ctm, score_dir, glm if glm.is_file() else None)
-    else:
-        counts = {"all": wer_counts({u: data.text[u].split() for u in data.utts},
-                                    {u: [w.word for w in words.get(u, [])] for u in data.utts})}
-    return {k: {"wer": round(v.wer, 2), "err": v.err, "ref_words": v.ref_words, "ins": v.ins,
-                "del": v.dels, "sub": v.sub} for k, v in counts.items()}
-
-
 def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
-                settings: list[tuple[int, float]], c: Mapping, data: DataDir, data_dir: Path,
-                out_dir: Path, stats: dict) -> dict:
-    """Score every setting's CTM, keep the best (or the only, fixed one); write ``ctm``, ``text``,
-    ``score/`` and ``sweep.json`` into ``out_dir``; return the summary."""
+                settings: list[tuple[int, float]], c: HybridDecodeConfig, data: DataDir,
+                data_dir: Path, out_dir: Path, stats: dict) -> dict:
+    """Score every setting's words with ``score_decode`` (each in a temporary decode dir), keep
+    the best (or the only, fixed one); write the decode-dir layout into ``out_dir``; return the
+    summary (``decode.json``) with the chosen setting's ``counts``."""
+    from asrtrain.score import counts_json
+
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    scored = (data_dir / "stm").is_file() or bool(data.text)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="asrtrain-sweep.") as tmp:
-        for lmwt, wip in settings:
-            if not scored:
-                break
-            ctm = Path(tmp) / f"ctm_{lmwt}_{wip}"
-            write_ctm(ctm, hyps[(lmwt, wip)], data)
-            wer = _score(ctm, hyps[(lmwt, wip)], data, data_dir, Path(tmp) / f"score_{lmwt}_{wip}")
-            rows.append({"lmwt": lmwt, "wip": wip, "wer": wer})
+    scored = score_candidates({s: (_words(hyps[s]), hyps[s]) for s in settings}, data, data_dir)
+    rows = [{"lmwt": lmwt, "wip": wip, "wer": counts_json(scored[(lmwt, wip)])}
+            for lmwt, wip in settings if (lmwt, wip) in scored]
     if rows:
         best = min(rows, key=lambda r: (r["wer"]["all"]["wer"], r["lmwt"], r["wip"]))
         lmwt, wip = best["lmwt"], best["wip"]
@@ -438,21 +354,19 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
         lmwt, wip = settings[len(settings) // 2]
         how = "no stm or text to score: the middle setting of the sweep"
     chosen = hyps[(lmwt, wip)]
-    summary = {"lmwt": lmwt, "wip": wip, "selection": how, **stats,
-               "settings": {k: c[k] for k in DEFAULTS}, "sweep": rows}
-    with atomic_dir(out_dir) as tmp:
-        write_ctm(tmp / "ctm", chosen, data)
-        write_table(tmp / "text", {u: " ".join(w.word for w in chosen.get(u, []))
-                                   for u in data.utts})
-        if rows:
-            summary["wer"] = _score(tmp / "ctm", chosen, data, data_dir, tmp / "score")
-        write_text(tmp / "sweep.json", json.dumps(summary, indent=1) + "\n")
-    if rows:
+    summary = {"lmwt": lmwt, "wip": wip, "selection": how, **stats, "settings": c.as_dict(),
+               "sweep": rows}
+    counts = write_decode_dir(out_dir, _words(chosen), chosen, data, data_dir, summary)
+    if counts:
         log.info("decode %s: LM weight %d, insertion penalty %.1f %s; WER %s; real-time factor "
                  "%.3f (network %.3f, search %.3f)", out_dir, lmwt, wip, how,
-                 ", ".join(f"{k} {v['wer']:.2f}%" for k, v in summary["wer"].items()),
+                 ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()),
                  stats["real_time_factor"], stats["nn_real_time_factor"],
                  stats["search_real_time_factor"])
     else:
         log.info("decode %s: %s (lmwt %d, wip %.1f)", out_dir, how, lmwt, wip)
-    return summary
+    return {**summary, "counts": counts}
+
+
+def _words(timed: dict[str, list[TimedWord]]) -> dict[str, list[str]]:
+    return {utt: [w.word for w in words] for utt, words in timed.items()}

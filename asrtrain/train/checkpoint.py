@@ -1,38 +1,22 @@
 """Checkpoints: the consensus model once per epoch; beside it each learner's optimizer state and
-SpecAugment random state (``{"optimizer": ..., "spec_augment_rng": ...}``)."""
+SpecAugment random state (``{"optimizer": ..., "spec_augment_rng": ...}``).
+
+What a model checkpoint holds is :class:`asrtrain.models.checkpoint.ModelCheckpoint`; ``save`` and
+``load`` (atomic write, read with errors naming the file) live there too, beside the schema, so
+that decoding needs nothing from ``train``.
+"""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
-from typing import Any
 
-import torch
+from asrtrain.models.checkpoint import ModelCheckpoint, load, save
 
-from asrtrain import AsrtrainError
+__all__ = ["EPOCH", "ModelCheckpoint", "latest_epoch", "load", "model_path", "optimizer_path",
+           "save"]
 
 EPOCH = re.compile(r"^epoch-(\d+)\.pt$")
-
-
-def save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` through a temporary name, so a crash never leaves a torn checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise AsrtrainError(f"{path}: no such checkpoint")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise AsrtrainError(f"{path}: cannot read the checkpoint ({e}); remove it to resume "
-                            "from the one before") from e
 
 
 def latest_epoch(out_dir: str | Path) -> int:

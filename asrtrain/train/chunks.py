@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir, read_table
-from asrtrain.train.data import load_transform
+from asrtrain.data.datadir import read_table
+from asrtrain.features.reader import FeatureReader, chunk_starts
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +48,6 @@ class ChunkBatch:
     @property
     def frames(self) -> int:
         return int(self.lengths.sum())
-
-
-def chunk_starts(num_frames: int, chunk: int) -> list[int]:
-    """Start frames of an utterance's chunks: consecutive, the last one ending on the last frame."""
-    if num_frames <= chunk:
-        return [0]
-    starts = list(range(0, num_frames - chunk + 1, chunk))
-    if starts[-1] + chunk < num_frames:
-        starts.append(num_frames - chunk)
-    return starts
 
 
 def read_alignments(ali_dir: str | Path) -> tuple[dict[str, str], int]:
@@ -82,15 +72,11 @@ class ChunkSet:
                  delta_order: int = 0, norm_vars: bool = False,
                  max_missing: float = 0.05) -> None:
         self.data_dir = Path(data_dir)
-        data = DataDir.read(self.data_dir)
-        if not data.feats or not data.utt2num_frames:
-            raise AsrtrainError(f"{self.data_dir}: no feats.scp/utt2num_frames "
-                                "(run the features stage)")
+        self.reader = FeatureReader(self.data_dir, delta_order, norm_vars, need_num_frames=True)
+        data = self.reader.data
         self.ali, self.num_pdfs = read_alignments(ali_dir)
         self.ali_dir = Path(ali_dir)
-        self.feats = data.feats
         self.chunk = chunk
-        self.transform = load_transform(data, self.data_dir, delta_order, norm_vars)
         self.utts = [u for u in data.utts if u in self.ali]
         missing = len(data.utts) - len(self.utts)
         if missing > max_missing * len(data.utts) or not self.utts:
@@ -101,16 +87,13 @@ class ChunkSet:
             log.warning("%s: %d utterances without alignment are left out", self.data_dir,
                         missing)
         self.num_frames = {u: data.utt2num_frames[u] for u in self.utts}
-        self.dim = self.transform.output_dim(kaldiio.load_mat(self.feats[self.utts[0]]).shape[1])
+        self.dim = self.reader.transform.output_dim(self.reader.raw(self.utts[0]).shape[1])
 
     def __len__(self) -> int:
         return sum(len(chunk_starts(n, self.chunk)) for n in self.num_frames.values())
 
     def load(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            feats = self.transform(utt, kaldiio.load_mat(self.feats[utt]))
-        except Exception as e:
-            raise AsrtrainError(f"{self.data_dir}/feats.scp: utterance {utt}: {e}") from e
+        feats = self.reader[utt]
         try:
             ali = np.asarray(kaldiio.load_mat(self.ali[utt]), dtype=np.int64)
         except Exception as e:

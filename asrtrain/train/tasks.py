@@ -11,16 +11,39 @@ from pathlib import Path
 import kaldialign
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
-from asrtrain.decode.ctc import greedy_units
 from asrtrain.lang.bpe import Units
+from asrtrain.models.checkpoint import ModelCheckpoint
+from asrtrain.models.ctc import greedy_units
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
 from asrtrain.train.data import UtteranceSet, iterate, shard
 
 
-class CTCTask:
+class Task:
+    """What both tasks share: the model checkpoint they are saved as."""
+
+    input_dim: int
+    output_dim: int
+
+    def checkpoint_extra(self) -> dict:
+        """The task's own :class:`ModelCheckpoint` fields (the hybrid priors and chunk)."""
+        return {}
+
+    def model_checkpoint(self, cfg: DictConfig, state: dict, *, epoch: int | None = None,
+                         global_samples: int | None = None,
+                         metrics: dict | None = None) -> ModelCheckpoint:
+        """The checkpoint of a model of this task with weights ``state`` (see
+        ``docs/architecture.md``, "Data flow: features and checkpoints")."""
+        return ModelCheckpoint(state, OmegaConf.to_container(cfg.model, resolve=True),
+                               self.input_dim, self.output_dim,
+                               OmegaConf.to_container(cfg.features, resolve=True), epoch=epoch,
+                               global_samples=global_samples, metrics=metrics,
+                               **self.checkpoint_extra())
+
+
+class CTCTask(Task):
     """CTC over sentencepiece units on whole utterances; a sample is an utterance."""
 
     name = "ctc"
@@ -88,11 +111,8 @@ class CTCTask:
         return {"dev_loss": sums["loss"] / max(sums["count"], 1),
                 "dev_unit_error_rate": 100 * sums["errors"] / max(sums["units"], 1)}
 
-    def checkpoint_extra(self) -> dict:
-        return {}
 
-
-class FrameCETask:
+class FrameCETask(Task):
     """Frame cross-entropy over pdf ids on fixed-length chunks; a sample is a chunk."""
 
     name = "ce"

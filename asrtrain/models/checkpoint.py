@@ -1,0 +1,167 @@
+"""What a model checkpoint holds, and the one way to turn one back into a model.
+
+A model checkpoint (``train_dir/epoch-N.pt``, ``final.pt``) is a plain dict written with
+``torch.save`` (so every reader, old or new, sees the same keys); :class:`ModelCheckpoint` is its
+schema.  The trainer builds one per epoch (``ModelCheckpoint(...).to_dict()``); the decoders read
+them with :func:`load_model`, which checks the keys and names the file in every error.  See
+``docs/architecture.md``, "Data flow: features and checkpoints".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.models.blstm import BLSTM, build_model
+
+#: Keys every model checkpoint has.
+REQUIRED = ("model", "model_config", "input_dim", "output_dim", "features")
+
+
+def save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` through a temporary name, so a crash never leaves a torn checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: str | Path) -> dict:
+    """The dict saved at ``path`` (on the CPU)."""
+    path = Path(path)
+    if not path.is_file():
+        raise AsrtrainError(f"{path}: no such checkpoint")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise AsrtrainError(f"{path}: cannot read the checkpoint ({e}); remove it to resume "
+                            "from the one before") from e
+
+
+@dataclass
+class ModelCheckpoint:
+    """The contents of a model checkpoint.
+
+    ``model``: the state dict; ``model_config``: the ``model`` config group (``build_model``'s
+    argument, ``head`` included); ``input_dim``/``output_dim``: the model's sizes (features after
+    the transform; units or pdfs); ``features``: the ``features`` config group (``delta_order``,
+    ``norm_vars``, ``frame_shift`` in ms: how to read features for this model).  Hybrid models
+    (``head: ce``) add ``log_priors`` (log pdf priors from the training alignments, [output_dim])
+    and ``chunk`` (the frames per chunk they were trained on).  ``epoch``, ``global_samples`` and
+    ``metrics`` say where training was.
+    """
+
+    model: Mapping[str, torch.Tensor]
+    model_config: Mapping[str, Any]
+    input_dim: int
+    output_dim: int
+    features: Mapping[str, Any]
+    log_priors: torch.Tensor | None = None
+    chunk: int | None = None
+    epoch: int | None = None
+    global_samples: int | None = None
+    metrics: Mapping[str, float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this schema does not know
+
+    @property
+    def head(self) -> str:
+        """``ctc`` or ``ce`` (frame cross-entropy, a hybrid model)."""
+        return str(self.model_config.get("head", "ctc"))
+
+    @property
+    def delta_order(self) -> int:
+        return int(self.features.get("delta_order", 0))
+
+    @property
+    def norm_vars(self) -> bool:
+        return bool(self.features.get("norm_vars", False))
+
+    @property
+    def frame_shift(self) -> float:
+        """Seconds between input frames."""
+        return float(self.features.get("frame_shift", 10.0)) / 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        """What is saved: the fields by name, those not set left out."""
+        out = {"model": self.model, "model_config": self.model_config,
+               "input_dim": self.input_dim, "output_dim": self.output_dim,
+               "features": self.features}
+        for key in ("log_priors", "chunk", "epoch", "global_samples", "metrics"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str | Path = "<checkpoint>") -> ModelCheckpoint:
+        """Check ``d`` (read from ``where``) against the schema: keys and types (whether the
+        parts fit together is checked by :meth:`build`)."""
+        if not isinstance(d, Mapping):
+            raise AsrtrainError(f"{where}: not a model checkpoint (a {type(d).__name__})")
+        missing = [k for k in REQUIRED if k not in d]
+        if missing:
+            names = ", ".join(map(repr, missing))
+            raise AsrtrainError(f"{where}: not a model checkpoint: no {names} (it has "
+                                f"{sorted(d)})")
+        known = {*REQUIRED, "log_priors", "chunk", "epoch", "global_samples", "metrics"}
+        try:
+            ckpt = cls(d["model"], dict(d["model_config"]), int(d["input_dim"]),
+                       int(d["output_dim"]), dict(d["features"]),
+                       log_priors=None if d.get("log_priors") is None
+                       else torch.as_tensor(d["log_priors"], dtype=torch.float32),
+                       chunk=None if d.get("chunk") is None else int(d["chunk"]),
+                       epoch=d.get("epoch"), global_samples=d.get("global_samples"),
+                       metrics=d.get("metrics"),
+                       extra={k: v for k, v in d.items() if k not in known})
+        except (TypeError, ValueError) as e:
+            raise AsrtrainError(f"{where}: a checkpoint key has the wrong type: {e}") from e
+        if ckpt.input_dim < 1 or ckpt.output_dim < 1:
+            raise AsrtrainError(f"{where}: input_dim {ckpt.input_dim}, output_dim "
+                                f"{ckpt.output_dim}: expected positive sizes")
+        return ckpt
+
+    @classmethod
+    def load(cls, path: str | Path, head: str | None = None) -> ModelCheckpoint:
+        """The checkpoint at ``path``, checked; ``head`` (``ctc`` or ``ce``): the kind of model
+        the caller wants (a hybrid ``ce`` checkpoint must hold ``log_priors``)."""
+        ckpt = cls.from_dict(load(path), path)
+        if head is not None and ckpt.head != head:
+            raise AsrtrainError(f"{path}: a model.head={ckpt.head} model, expected "
+                                f"model.head={head}")
+        if ckpt.head == "ce" and ckpt.log_priors is None:
+            raise AsrtrainError(f"{path}: no 'log_priors' in the checkpoint; a hybrid model is "
+                                "trained with model.head=ce")
+        return ckpt
+
+    def save(self, path: str | Path) -> None:
+        save(self.to_dict(), path)
+
+    def build(self, device: str | torch.device = "cpu", where: str | Path = "<checkpoint>"
+              ) -> BLSTM:
+        """The model with its weights, on ``device``, in eval mode; the parts of the checkpoint
+        must fit together (state, sizes, priors)."""
+        if self.log_priors is not None and self.log_priors.shape != (self.output_dim,):
+            raise AsrtrainError(f"{where}: log_priors has shape {tuple(self.log_priors.shape)}, "
+                                f"expected [{self.output_dim}]")
+        try:
+            model = build_model(self.model_config, self.input_dim, self.output_dim)
+            # BLSTM renames the keys of the older packed-LSTM layout while loading.
+            model.load_state_dict(self.model)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise AsrtrainError(f"{where}: the model state does not fit its model_config "
+                                f"({e})") from e
+        return model.to(torch.device(device)).eval()
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               head: str | None = None) -> tuple[BLSTM, ModelCheckpoint]:
+    """The model saved at ``path`` (on ``device``, in eval mode) and its checkpoint
+    (:meth:`ModelCheckpoint.load` checks it; ``head`` as there)."""
+    ckpt = ModelCheckpoint.load(path, head)
+    return ckpt.build(device, path), ckpt
