@@ -27,9 +27,9 @@ class GmmStats:
     frames: int = 0
 
     def add(self, other: GmmStats) -> None:
-        self.occ += other.occ
-        self.sx += other.sx
-        self.sxx += other.sxx
+        """Add ``other``'s statistics to these (the tensors in place)."""
+        for name in ("occ", "sx", "sxx"):
+            getattr(self, name).add_(getattr(other, name))
         self.loglike += other.loglike
         self.frames += other.frames
 

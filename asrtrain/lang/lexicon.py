@@ -16,7 +16,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.fileio import atomic_dir, write_text
-from asrtrain.lang.phones import PhoneSet, SymbolTable, build_phone_set
+from asrtrain.lang.phones import PhoneSet, SymbolTable, build_phone_set, read_fields
 
 RESERVED_WORDS = ("<eps>", "#0", "<s>", "</s>")
 
@@ -31,27 +31,22 @@ class Pronunciation:
 def _read_phone_lines(path: Path) -> list[list[str]]:
     if not path.is_file():
         raise AsrtrainError(f"{path}: missing from the dict dir")
-    with open(path, encoding="utf-8") as f:
-        return [ln.split() for ln in f if ln.strip()]
+    return [parts for _, parts in read_fields(path)]
 
 
 def read_lexicon(path: Path) -> list[tuple[str, tuple[str, ...]]]:
     """``WORD p1 p2 ...`` lines; duplicates are dropped (Kaldi would reject them downstream)."""
     out: list[tuple[str, tuple[str, ...]]] = []
     seen = set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) < 2:
-                raise AsrtrainError(f"{path}:{lineno}: word {parts[0]} has no pronunciation")
-            if parts[0] in RESERVED_WORDS or parts[0].startswith("#"):
-                raise AsrtrainError(f"{path}:{lineno}: {parts[0]} is a reserved symbol")
-            entry = (parts[0], tuple(parts[1:]))
-            if entry not in seen:
-                seen.add(entry)
-                out.append(entry)
+    for lineno, parts in read_fields(path):
+        if len(parts) < 2:
+            raise AsrtrainError(f"{path}:{lineno}: word {parts[0]} has no pronunciation")
+        if parts[0] in RESERVED_WORDS or parts[0].startswith("#"):
+            raise AsrtrainError(f"{path}:{lineno}: {parts[0]} is a reserved symbol")
+        entry = (parts[0], tuple(parts[1:]))
+        if entry not in seen:
+            seen.add(entry)
+            out.append(entry)
     if not out:
         raise AsrtrainError(f"{path}: empty lexicon")
     return out
@@ -157,14 +152,10 @@ class Lang:
         ps = PhoneSet.read(lang_dir)
         words = SymbolTable.read(lang_dir / "words.txt")
         lex: dict[str, list[tuple[str, ...]]] = {}
-        with open(lang_dir / "lexicon.txt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                parts = line.split()
-                if parts:
-                    for p in parts[1:]:
-                        if p not in ps.phones:
-                            raise AsrtrainError(f"{lang_dir / 'lexicon.txt'}:{lineno}: "
-                                                f"unknown phone {p}")
-                    lex.setdefault(parts[0], []).append(tuple(parts[1:]))
+        for lineno, parts in read_fields(lang_dir / "lexicon.txt"):
+            for p in parts[1:]:
+                if p not in ps.phones:
+                    raise AsrtrainError(f"{lang_dir / 'lexicon.txt'}:{lineno}: unknown phone {p}")
+            lex.setdefault(parts[0], []).append(tuple(parts[1:]))
         sil_prob = float((lang_dir / "sil_prob").read_text().split()[0])
         return cls(ps, words, lex, sil_prob)

@@ -16,11 +16,21 @@ right with self-loops; silence phones have 5 states, 0..3 fully connected forwar
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.fileio import write_text
+
+
+def read_fields(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, whitespace-separated fields) of every non-blank line of a text file."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if parts:
+                yield lineno, parts
 
 POSITIONS = ("B", "E", "I", "S")
 #: reserved word symbols, in Kaldi's order: <eps> first, #0 <s> </s> last.
@@ -58,16 +68,12 @@ class SymbolTable:
     @classmethod
     def read(cls, path: Path) -> SymbolTable:
         table = cls()
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                parts = line.split()
-                if not parts:
-                    continue
-                if len(parts) != 2 or not parts[1].isdigit():
-                    raise AsrtrainError(f"{path}:{lineno}: expected '<symbol> <integer>'")
-                if int(parts[1]) != len(table):
-                    raise AsrtrainError(f"{path}:{lineno}: ids must be consecutive from 0")
-                table.add(parts[0])
+        for lineno, parts in read_fields(path):
+            if len(parts) != 2 or not parts[1].isdigit():
+                raise AsrtrainError(f"{path}:{lineno}: expected '<symbol> <integer>'")
+            if int(parts[1]) != len(table):
+                raise AsrtrainError(f"{path}:{lineno}: ids must be consecutive from 0")
+            table.add(parts[0])
         return table
 
 

@@ -28,13 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asrtrain import AsrtrainError
-from asrtrain.data.corpora.ldc import (
-    find_sphere,
-    keep_recordings_in_use,
-    read_lines,
-    require_dir,
-    side_tables,
-)
+from asrtrain.data.corpora import ldc
 from asrtrain.data.datadir import DataDir, Segment
 
 log = logging.getLogger(__name__)
@@ -96,7 +90,7 @@ def _read_pem(pem: Path) -> list[tuple[str, str, float, float]]:
     # hub5e_00.pem: ";;" comment lines, then "<conversation> <A|B> <speaker> <start> <end>", e.g.
     #   en_4156 A unknown_speaker 301.85 302.48
     rows = set()
-    for lineno, line in read_lines(pem):
+    for lineno, line in ldc.read_lines(pem):
         if ";;" in line or not line.strip():
             continue
         fields = line.split()
@@ -124,7 +118,7 @@ def _read_stm(stm: Path) -> list[tuple[str, str, Path, int]]:
     #   <conversation> <A|B> <speaker> <start> <end> <labels> <words...>, e.g.
     #   en_4156 A en_4156_A 357.64 359.64 <O,en,F,en-F>  HE IS A POLICE OFFICER
     out = []
-    for lineno, line in read_lines(stm):
+    for lineno, line in ldc.read_lines(stm):
         if ";;" in line or not line.strip():
             continue
         fields = line.split()
@@ -159,8 +153,9 @@ def prepare_eval2000(audio_dir: Path, transcripts_dir: Path,
     ``expected_sides``: conversation sides the data dir must hold (80 for LDC2002S09; ``None``
     skips the check).
     """
-    audio_dir = require_dir(Path(audio_dir), "Hub5'00 audio", AUDIO_LAYOUT)
-    transcripts_dir = require_dir(Path(transcripts_dir), "Hub5'00 transcripts", TRANSCRIPTS_LAYOUT)
+    audio_dir = ldc.require_dir(Path(audio_dir), "Hub5'00 audio", AUDIO_LAYOUT)
+    transcripts_dir = ldc.require_dir(Path(transcripts_dir), "Hub5'00 transcripts",
+                                      TRANSCRIPTS_LAYOUT)
     sdir = audio_dir / "hub5e_00" if (audio_dir / "hub5e_00" / "english").is_dir() else audio_dir
     if not (sdir / "english").is_dir():
         hint = (" (this looks like the transcripts, LDC2002T43, given for the audio)"
@@ -181,7 +176,7 @@ def prepare_eval2000(audio_dir: Path, transcripts_dir: Path,
         if not path.is_file():
             layout = AUDIO_LAYOUT if path == pem else TRANSCRIPTS_LAYOUT
             raise AsrtrainError(f"{path}: not found; expected {layout}")
-    sph = find_sphere(sdir / "english", "Hub5'00 audio", AUDIO_LAYOUT)
+    sph = ldc.find_sphere(sdir / "english", "Hub5'00 audio", AUDIO_LAYOUT)
 
     segments = _read_pem(pem)
     text_all = _read_stm(stm)
@@ -209,7 +204,7 @@ def prepare_eval2000(audio_dir: Path, transcripts_dir: Path,
             log.warning("%s: utterance %s has no words; left out", stm, utt)
             continue
         data.text[utt] = words
-    wav, r2fc = side_tables(sph)
+    wav, r2fc = ldc.side_tables(sph)
     for utt, side, start, end in segments:
         if utt not in data.text:
             continue   # fix_data_dir.sh: utterances without text go
@@ -219,7 +214,7 @@ def prepare_eval2000(audio_dir: Path, transcripts_dir: Path,
                                 f"{conv}.sph under {sdir / 'english'}")
         data.segments[utt] = Segment(side, start, end)
         data.utt2spk[utt] = side
-    data.wav, data.reco2file_and_channel = keep_recordings_in_use(
+    data.wav, data.reco2file_and_channel = ldc.keep_recordings_in_use(
         wav, r2fc, {s.recording for s in data.segments.values()})
     data.validate("eval2000")
     if expected_sides is not None and len(data.wav) != expected_sides:
