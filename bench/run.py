@@ -3,14 +3,16 @@
     python bench/run.py [straggler|scaling|consensus|all] [--quick]
 
 Writes bench/results/<name>.json and <name>.png (figures, not asserts):
-  straggler  8 learners, one slowed 1x/2x/4x/8x: aggregate samples/s of each backend against the
-             ideal (the sum of the learners' own rates).
-  scaling    1, 2, 4, 8 learners: throughput / (N x one learner).
+  straggler  8 learners, one slowed 1x/2x/4x/8x: aggregate samples/s of each registered backend
+             against the ideal (the sum of the learners' own rates).
+  scaling    1, 2, 4, 8 learners, each registered backend: throughput / (N x one learner).
   consensus  16 learners, zero learning rate: measured consensus distance per gossip round against
              the sqrt((1 - gap)^t) bound the topology predicts, for the fixed and randomized ring.
-Learners are forked (asrtrain.distributed.synthetic.run_local) so the machine's two cores spend
-their time on the learners, not on importing torch; the sleep makes compute, not the cores, the
-bottleneck, as it is on GPUs.
+Learners are forked from a fork server that imported torch once (bench/synthetic.py, run_local)
+so the machine's two cores spend their time on the learners, not on importing torch; the sleep
+makes compute, not the cores, the bottleneck, as it is on GPUs. The backends are those of
+asrtrain.distributed.registry (a new backend module is benchmarked with no change here); nodes
+of hadpsgd-like backends are pairs of learners (--per-node 2).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from asrtrain.distributed import synthetic  # noqa: E402
+import synthetic  # noqa: E402  (bench/synthetic.py, beside this file)
+
+from asrtrain.distributed.registry import backend_class, backend_names  # noqa: E402
 from asrtrain.distributed.topology import spectral_gap  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -35,6 +39,7 @@ STEP_S = 0.1          # simulated compute per step of a normal learner
 PER_LEARNER_BATCH = 8
 # 16.9k parameters (68 KB per gossip message); one thread per learner, also for the single one.
 MODEL = ["--dim", "64", "--hidden", "256", "--threads", "1"]
+PER_NODE = 2          # learners per node, for the backends that have nodes
 
 
 def run(learners: int, argv: list[str]) -> list[dict]:
@@ -53,30 +58,35 @@ def throughput(stats: list[dict]) -> float:
 
 
 def backend_args(backend: str, learners: int) -> list[str]:
-    if backend == "hadpsgd":
-        return ["--backend", "hadpsgd", "--per-node", str(min(2, learners))]
-    return ["--backend", backend]
+    return ["--backend", backend, "--per-node", str(min(PER_NODE, learners))]
+
+
+def straggler_steps(backend: str, n: int, base: int, slow_rank: int, slow_steps: int) -> list[int]:
+    """Steps per learner so that every learner trains for about the same time: learners in
+    lockstep with the slow one (Backend.lockstep) take its number of steps."""
+    lockstep = backend_class(backend).lockstep
+    if lockstep == "all":
+        together = set(range(n))
+    elif lockstep == "node":
+        first = slow_rank - slow_rank % PER_NODE
+        together = set(range(first, first + PER_NODE))
+    else:
+        together = {slow_rank}
+    return [slow_steps if r in together else base for r in range(n)]
 
 
 def straggler(quick: bool) -> dict:
     n, base = 8, (20 if quick else 40)
     slow_rank = n - 1
-    out: dict = {"learners": n, "step_s": STEP_S, "slow_rank": slow_rank, "hadpsgd_per_node": 2,
+    out: dict = {"learners": n, "step_s": STEP_S, "slow_rank": slow_rank, "per_node": PER_NODE,
                  "runs": []}
     for factor in (1, 2, 4, 8):
         own = [1.0 / STEP_S] * n
         own[slow_rank] = 1.0 / (STEP_S * factor)
         ideal = PER_LEARNER_BATCH * sum(own)
-        for backend in ("ssgd", "adpsgd", "hadpsgd"):
+        for backend in backend_names():
             # Synchronous groups must take the same number of steps: the slow pace sets theirs.
-            if backend == "ssgd":
-                steps = [max(4, base // factor)] * n
-            elif backend == "adpsgd":
-                steps = [base] * n
-                steps[slow_rank] = max(4, base // factor)
-            else:
-                steps = [base] * n
-                steps[slow_rank] = steps[slow_rank - 1] = max(4, base // factor)
+            steps = straggler_steps(backend, n, base, slow_rank, max(4, base // factor))
             stats = run(n, [*backend_args(backend, n), *MODEL, "--batch",
                             str(PER_LEARNER_BATCH * n), "--sleep", str(STEP_S),
                             "--slow", f"{slow_rank}:{factor}",
@@ -97,7 +107,7 @@ def scaling(quick: bool) -> dict:
                                  "--sleep", str(STEP_S), "--steps", steps])) for _ in range(3))
     out["one_learner"] = one
     out["one_learner_sleep_bound"] = PER_LEARNER_BATCH / STEP_S
-    for backend in ("ssgd", "adpsgd", "hadpsgd"):
+    for backend in backend_names():
         out["runs"].append({"backend": backend, "learners": 1, "samples_per_s": one,
                             "efficiency": 1.0})
         for n in (2, 4, 8):
@@ -140,19 +150,20 @@ def plot(name: str, data: dict) -> None:
         print("matplotlib is not installed (pip install matplotlib): JSON only", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(6, 4))
+    backends = sorted({r["backend"] for r in data["runs"] if "backend" in r})
     if name == "straggler":
-        for backend in ("ssgd", "adpsgd", "hadpsgd"):
+        for backend in backends:
             runs = [r for r in data["runs"] if r["backend"] == backend]
             ax.plot([r["slowdown"] for r in runs], [r["samples_per_s"] for r in runs], "o-",
                     label=backend)
-        ideal = [r for r in data["runs"] if r["backend"] == "ssgd"]
+        ideal = [r for r in data["runs"] if r["backend"] == backends[0]]
         ax.plot([r["slowdown"] for r in ideal], [r["ideal"] for r in ideal], "k--", label="ideal")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("slowdown of one learner (of 8)")
         ax.set_ylabel("aggregate samples/s")
         ax.set_title(f"Straggler: 8 learners, {STEP_S * 1000:.0f} ms simulated compute/step")
     elif name == "scaling":
-        for backend in ("ssgd", "adpsgd", "hadpsgd"):
+        for backend in backends:
             runs = [r for r in data["runs"] if r["backend"] == backend]
             ax.plot([r["learners"] for r in runs], [r["efficiency"] for r in runs], "o-",
                     label=backend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,9 @@ import soundfile
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REPO = Path(__file__).resolve().parents[1]
+# bench/synthetic.py, the synthetic learner of the distributed tests and the benchmarks
+if str(REPO / "bench") not in sys.path:
+    sys.path.insert(0, str(REPO / "bench"))
 
 
 def write_datadir(root: Path, n_speakers: int = 2, utts_per_speaker: int = 3,

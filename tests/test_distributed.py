@@ -1,8 +1,8 @@
 """The distributed backends with real gloo learner processes on this machine.
 
-Learners are forked from the test process (synthetic.run_local: torch is already imported, so a
-learner starts at once) with torchrun's environment variables, and run the synthetic learner
-(asrtrain.distributed.synthetic), a training loop that uses only the Backend interface.
+Learners are forked from a fork server that imported torch once (synthetic.run_local: a learner
+starts at once) with torchrun's environment variables, and run the synthetic learner
+(bench/synthetic.py), a training loop that uses only the Backend interface.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
-
-from asrtrain.distributed import synthetic
 
 
 def spawn(out: Path, learners: int, *args: str, timeout: float = 90.0) -> dict[int, int]:
-    """Run ``learners`` forked synthetic learners; {rank: exit code}. A hang fails the test."""
+    """Run ``learners`` synthetic learners; {rank: exit code}. A hang fails the test."""
     torch.set_num_threads(1)
     return synthetic.run_local(out, learners, args, timeout)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,14 +12,15 @@ from asrtrain import AsrtrainError
 from asrtrain.distributed.launch import launch, torchrun_args
 
 REPO = Path(__file__).resolve().parents[1]
-SYNTHETIC = dict(module="asrtrain.distributed.synthetic", module_args=())
+SYNTHETIC = dict(module="synthetic", module_args=())  # bench/synthetic.py
 
 
 @pytest.fixture(autouse=True)
 def _importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The learners are new Python processes: they must find the package without installing it.
+    # The learners are new Python processes: they must find the package without installing it,
+    # and the synthetic learner in bench/.
     monkeypatch.syspath_prepend(str(REPO))
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "bench")]))
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""Gossip schedules, mixing matrices and spectral gaps against closed forms and DESIGN.md."""
+"""Gossip schedules, mixing matrices and spectral gaps against closed forms."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The trainer calls, per run and per step (every call marked *collective* must be made by all
 learners in the same order)::
 
-    backend = build_backend(cfg.trainer)          # process group from the torchrun environment
+    backend = build_backend(TrainerConfig.from_config(cfg.trainer))   # joins the torchrun group
     model.to(backend.device); optimizer = ...     # shard data with backend.data_rank/data_world
     steps = backend.agree_min(len(my_batches))    # ssgd/hadpsgd: equal steps everywhere
     backend.setup(model, optimizer, global_samples=resumed_samples)   # collective
@@ -17,32 +17,38 @@ learners in the same order)::
         backend.after_step(step, len(batch))      # progress counters, gossip trigger, errors
         if time_to_eval: state = backend.consensus()          # collective
     final = backend.consensus(); backend.close()               # collective
+
+A multi-learner backend is a :class:`DistributedBackend` registered in
+:mod:`asrtrain.distributed.registry`; it composes the shared pieces (:mod:`.comm`,
+:mod:`.allreduce`, :mod:`.gossip`) and implements only its policy: :meth:`Backend.after_step`,
+:meth:`Backend.global_samples` and, where it has them, process groups created in ``__init__``,
+:meth:`DistributedBackend.attach`, :meth:`Backend.after_backward` and the drain hooks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from datetime import timedelta
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from asrtrain import AsrtrainError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from asrtrain.distributed.comm import Comm
+    from asrtrain.train.config import TrainerConfig
 
 
 class Backend(ABC):
     """How the learners of one run exchange information; the trainer loop is the same for all.
 
     Attributes:
-        name: ``single``, ``ssgd``, ``adpsgd`` or ``hadpsgd``.
+        name: ``single``, or the name the backend is registered under.
+        lockstep: which learners must take the same number of steps (they wait for each other
+            every step): ``all``, ``node`` (those of a node) or ``none``.
         rank, world_size: this learner and the number of learners.
         local_rank: this learner's index on its machine (selects the GPU).
         is_main: True on the learner that logs, evaluates and writes checkpoints (rank 0).
@@ -51,6 +57,7 @@ class Backend(ABC):
     """
 
     name = "single"
+    lockstep = "none"
 
     def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0,
                  device: torch.device | None = None) -> None:
@@ -152,160 +159,93 @@ class SingleProcessBackend(Backend):
 
 
 # ----------------------------------------------------------------------------------------------
-# Machinery shared by the distributed backends.
-
-
-def flat_params(params: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """The parameters as one flat CPU tensor of ``dtype`` (a copy)."""
-    return torch.cat([p.detach().reshape(-1).to("cpu", dtype) for p in params])
-
-
-def add_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """``params += flat`` (split to the shapes of ``params``), in place."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data.add_(flat[offset : offset + n].view_as(p).to(p.device, p.dtype))
-        offset += n
-
-
-def common_dtype(params: list[torch.Tensor]) -> torch.dtype:
-    """The dtype that holds every parameter exactly (float32 at least)."""
-    dtype = torch.float32
-    for p in params:
-        dtype = torch.promote_types(dtype, p.dtype)
-    return dtype
-
-
-class Liveness:
-    """Heartbeats in the rendezvous store, to name the learner that died when a wait fails.
-
-    Each learner bumps a counter every ``interval`` seconds from a daemon thread, on its own store
-    connection (a store client is not shared between threads). A learner that fails because of a
-    peer records it, so only learners that went silent without a word are blamed.
-    """
-
-    def __init__(self, rank: int, world_size: int, interval: float = 1.0) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.interval = interval
-        self.prefix = f"asrtrain/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        self._host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        self._port = int(os.environ.get("MASTER_PORT", "0"))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _client(self, timeout: float) -> dist.TCPStore:
-        return dist.TCPStore(self._host, self._port, is_master=False,
-                             timeout=timedelta(seconds=timeout), wait_for_workers=False)
-
-    def start(self) -> None:
-        store = self._client(30.0)
-        key = f"{self.prefix}/hb/{self.rank}"
-        store.add(key, 1)
-
-        def beat() -> None:
-            while not self._stop.wait(self.interval):
-                try:
-                    store.add(key, 1)
-                except Exception:  # the store went away: nothing left to tell
-                    return
-
-        self._thread = threading.Thread(target=beat, name="asrtrain-heartbeat", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def report_failure(self, message: str) -> None:
-        """Record that this learner fails because of someone else (so it is not blamed)."""
-        with contextlib.suppress(Exception):
-            self._client(5.0).set(f"{self.prefix}/failed/{self.rank}", message)
-
-    def silent_ranks(self) -> str:
-        """Name the learners whose heartbeat stopped without a recorded failure of their own."""
-        try:
-            store = self._client(5.0)
-            keys = [f"{self.prefix}/hb/{r}" for r in range(self.world_size)]
-            before = [store.add(k, 0) for k in keys]
-            time.sleep(2.5 * self.interval)
-            after = [store.add(k, 0) for k in keys]
-            failed = {r for r in range(self.world_size)
-                      if store.check([f"{self.prefix}/failed/{r}"])}
-        except Exception as e:  # the store lives in the launcher or on rank 0
-            return f"the rendezvous store is unreachable ({e}): rank 0 or the launcher died"
-        silent = [r for r in range(self.world_size)
-                  if after[r] == before[r] and r not in failed and r != self.rank]
-        if not silent:
-            return "every learner still has a heartbeat: one of them is hung or too slow"
-        return ", ".join(f"rank {r}" for r in silent) + " stopped (died or was killed)"
+# The base of the multi-learner backends.
 
 
 class DistributedBackend(Backend):
-    """Common parts of the multi-learner backends: process groups, failures, averaging."""
+    """What every multi-learner backend shares: setup with the initial model broadcast, model
+    averaging (consensus), metrics, step-count agreement and closing; all through ``comm``.
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device,
-                 timeout_s: float, liveness: Liveness | None) -> None:
-        super().__init__(rank, world_size, local_rank, device)
-        self.timeout = timedelta(seconds=timeout_s)
-        self.liveness = liveness
+    A subclass is built as ``cls(comm, cfg)`` (it may create process groups in ``__init__``:
+    every rank creates every group, in the same order) and implements :meth:`after_step` and
+    :meth:`global_samples`; it may add :meth:`attach` (after the initial broadcast),
+    :meth:`after_backward`, and :meth:`drain` / :meth:`release` / :meth:`stop` when it exchanges
+    in the background. Optimizer steps run under :attr:`model_lock`, which background exchanges
+    also take.
+    """
+
+    def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
+        super().__init__(comm.rank, comm.world_size, comm.local_rank, comm.device)
+        self.comm = comm
+        self.cfg = cfg
         self.params: list[torch.Tensor] = []
-        #: Serialises optimizer steps and gossip updates of the model (see adpsgd).
+        #: Serialises optimizer steps and background (gossip) updates of the model.
         self.model_lock = threading.Lock()
 
-    # -- failures ------------------------------------------------------------------------------
-    def fail(self, what: str, error: BaseException, peer: int | None = None) -> AsrtrainError:
-        """An AsrtrainError for a failed wait, naming the learner at fault."""
-        if isinstance(error, AsrtrainError):
-            return error
-        # A partner may itself have failed because of a third learner: the heartbeats tell who
-        # went silent first-hand.
-        culprit = self.liveness.silent_ranks() if self.liveness is not None else ""
-        if peer is not None:
-            culprit = f"the exchange with rank {peer} broke" + (f"; {culprit}" if culprit else "")
-        culprit = culprit or "no liveness information"
-        cause = (str(error).splitlines() or [type(error).__name__])[0]
-        cause = cause.split(". This is typically")[0]  # gloo's generic advice adds nothing
-        msg = (f"rank {self.rank}: {what} failed: {culprit}. Underlying error: {cause}. "
-               "Check that learner's log, then resume the run from its last checkpoint.")
-        if self.liveness is not None:
-            self.liveness.report_failure(msg)
-        return AsrtrainError(msg)
+    # -- hooks -----------------------------------------------------------------------------------
+    def attach(self) -> None:  # noqa: B027 - a backend without per-run state needs nothing
+        """Called by :meth:`setup` once the model is known and synchronised; collective."""
 
-    def guarded(self, what: str, fn: Callable[[], T]) -> T:
-        """Run a blocking collective; turn a failure or timeout into an error naming the rank."""
+    def drain(self) -> None:  # noqa: B027 - nothing runs in the background by default
+        """Bring every learner to rest, no exchange in flight, until :meth:`release`; collective."""
+
+    def release(self) -> None:  # noqa: B027
+        """Let background exchanges go on after :meth:`drain`."""
+
+    def stop(self) -> None:  # noqa: B027
+        """Stop this backend's threads (called after :meth:`drain` by :meth:`close`)."""
+
+    # -- the interface ---------------------------------------------------------------------------
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              global_samples: int = 0) -> None:
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise AsrtrainError(f"rank {self.rank}: the model has no trainable parameters")
+        self.start_samples = int(global_samples)
+        if self.cfg.sync_init:
+            self.broadcast_model(0, None, "initial model broadcast")
+        self.attach()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        with self.model_lock:
+            optimizer.step()
+
+    def consensus(self) -> dict[str, torch.Tensor]:
+        self.drain()
         try:
-            return fn()
-        except AsrtrainError:
-            raise
-        except (RuntimeError, dist.DistError) as e:
-            raise self.fail(what, e) from e
+            return self.average_state()
+        finally:
+            self.release()
 
-    def wait(self, work: dist.Work, what: str) -> None:
-        """Wait for an async collective with the backend's timeout."""
-        self.guarded(what, lambda: work.wait(timeout=self.timeout))
+    def consensus_distance(self) -> float:
+        self.drain()
+        try:
+            return self.distance_to(self.average_state())
+        finally:
+            self.release()
 
-    # -- collectives on the default group (main thread only) -----------------------------------
-    def _comm_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    def agree_min(self, value: int) -> int:
+        return self.comm.allreduce_int(value, "step count agreement", op=dist.ReduceOp.MIN)
 
-    def allreduce_sum(self, tensor: torch.Tensor, what: str,
-                      group: dist.ProcessGroup | None = None) -> torch.Tensor:
-        """Sum ``tensor`` over ``group`` (default: all learners); returns a CPU tensor."""
-        dev = self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        t = tensor.detach().to(dev, copy=True)
-        self.wait(dist.all_reduce(t, group=group, async_op=True), what)
-        return t.cpu()
+    def reduce_mean(self, values: Mapping[str, float]) -> dict[str, float]:
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        t = self.comm.allreduce(t, "metric averaging") / self.world_size
+        return {k: float(x) for k, x in zip(keys, t.tolist(), strict=True)}
 
-    def broadcast_params(self, src: int, group: dist.ProcessGroup | None, what: str) -> None:
+    def close(self) -> None:
+        if self.model is not None:
+            self.drain()
+            self.stop()
+        self.comm.close()
+
+    # -- model collectives -----------------------------------------------------------------------
+    def broadcast_model(self, src: int, group: dist.ProcessGroup | None, what: str) -> None:
         """Copy the model (parameters and buffers) of global rank ``src`` to ``group``."""
         assert self.model is not None
-        tensors = [t for t in self.model.state_dict().values() if t.numel()]
-        dev = self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        for t in tensors:
-            buf = t.detach().to(dev, copy=True)
-            self.wait(dist.broadcast(buf, src=src, group=group, async_op=True), what)
-            t.copy_(buf.to(t.device))
+        self.comm.broadcast_([t for t in self.model.state_dict().values() if t.numel()], src,
+                             group, what)
 
     def average_state(self) -> dict[str, torch.Tensor]:
         """All-reduce the mean of every floating-point entry of the state dict (CPU copies)."""
@@ -313,7 +253,7 @@ class DistributedBackend(Backend):
         out: dict[str, torch.Tensor] = {}
         for k, v in self.model.state_dict().items():
             if v.is_floating_point() and v.numel():
-                total = self.allreduce_sum(v, "consensus averaging")
+                total = self.comm.allreduce(v, "consensus averaging")
                 out[k] = (total / self.world_size).to(v.dtype)
             else:
                 out[k] = v.detach().to("cpu", copy=True)
@@ -327,31 +267,6 @@ class DistributedBackend(Backend):
         diff = sum(float((sd[n].detach().cpu().double() - avg[n].double()).pow(2).sum())
                    for n in names)
         norm = sum(float(avg[n].double().pow(2).sum()) for n in names) ** 0.5
-        total = self.allreduce_sum(torch.tensor([diff**0.5], dtype=torch.float64),
-                                   "consensus distance")
+        total = self.comm.allreduce(torch.tensor([diff**0.5], dtype=torch.float64),
+                                    "consensus distance")
         return float(total[0]) / self.world_size / max(norm, 1e-30)
-
-    def agree_min(self, value: int) -> int:
-        t = torch.tensor([int(value)], dtype=torch.int64).to(self._comm_device())
-        self.wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True), "step count agreement")
-        return int(t.cpu()[0])
-
-    def reduce_mean(self, values: Mapping[str, float]) -> dict[str, float]:
-        keys = sorted(values)
-        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-        t = self.allreduce_sum(t, "metric averaging") / self.world_size
-        return {k: float(x) for k, x in zip(keys, t.tolist(), strict=True)}
-
-    def check_setup(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
-            raise AsrtrainError(f"rank {self.rank}: the model has no trainable parameters")
-
-    def close_group(self) -> None:
-        if self.liveness is not None:
-            self.liveness.stop()
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                self.wait(dist.barrier(async_op=True), "closing barrier")
-            dist.destroy_process_group()

@@ -5,7 +5,7 @@ processes on this machine, in this process (torchrun's ``run(args)``), and raise
 AsrtrainError naming the learner that failed. With ``nnodes > 1`` run it on every machine with
 that machine's ``node_rank`` and the same ``rdzv_endpoint`` (``host:port`` of node 0), which uses
 torchrun's static rendezvous. On CPUs every learner gets ``trainer.threads`` threads (one by
-default: :func:`asrtrain.distributed.cpu_threads`).
+default: :func:`asrtrain.distributed.comm.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed import cpu_threads
+from asrtrain.distributed.comm import cpu_threads
 
 
 def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
@@ -52,9 +52,9 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
         argv: arguments for every learner (e.g. the recipe's Hydra overrides).
         learners: learners on this machine (torchrun's ``--nproc-per-node``).
         nnodes, node_rank, rdzv_endpoint: the multi-machine settings, passed through.
-        module: the module each learner runs; tests launch ``asrtrain.distributed.synthetic``.
+        module: the module each learner runs; tests launch ``synthetic`` (bench/).
         max_restarts: torchrun restarts of the whole group after a failure (0: fail at once).
-        threads: CPU threads per learner (0: :func:`asrtrain.distributed.cpu_threads`'s one).
+        threads: CPU threads per learner (0: :func:`asrtrain.distributed.comm.cpu_threads`'s one).
 
     Raises:
         AsrtrainError: a learner failed; the message names its rank and exit code.

@@ -8,26 +8,29 @@ whatever their own step counts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asrtrain.train.config import TrainerConfig
 
 
 @dataclass(frozen=True)
 class LRSchedule:
+    """The schedule's settings (defaults: :class:`asrtrain.train.config.TrainerConfig`)."""
+
     lr: float
     samples_per_epoch: int
-    warmup_epochs: float = 0.0
-    warmup_start: float = 0.1
-    anneal_start_epoch: float = 1e9
-    anneal_factor: float = 0.7071
+    warmup_epochs: float
+    warmup_start: float
+    anneal_start_epoch: float
+    anneal_factor: float
 
     @classmethod
-    def from_config(cls, cfg: Mapping, samples_per_epoch: int) -> LRSchedule:
-        return cls(lr=float(cfg["lr"]), samples_per_epoch=max(1, samples_per_epoch),
-                   warmup_epochs=float(cfg.get("warmup_epochs", 0.0)),
-                   warmup_start=float(cfg.get("warmup_start", 0.1)),
-                   anneal_start_epoch=float(cfg.get("anneal_start_epoch", 1e9)),
-                   anneal_factor=float(cfg.get("anneal_factor", 0.7071)))
+    def from_config(cls, cfg: TrainerConfig, samples_per_epoch: int) -> LRSchedule:
+        return cls(lr=cfg.lr, samples_per_epoch=max(1, samples_per_epoch),
+                   warmup_epochs=cfg.warmup_epochs, warmup_start=cfg.warmup_start,
+                   anneal_start_epoch=cfg.anneal_start_epoch, anneal_factor=cfg.anneal_factor)
 
     def __call__(self, global_samples: int) -> float:
         epoch = global_samples / self.samples_per_epoch

@@ -15,13 +15,15 @@ log = logging.getLogger(__name__)
 
 def run_learner(config_path: str | Path) -> Path:
     """Train with the resolved config at ``config_path`` as this process's learner."""
-    from asrtrain.distributed import build_backend
+    from asrtrain.distributed.learner import build_backend
+    from asrtrain.train.config import TrainerConfig
     from asrtrain.train.trainer import train
 
     config_path = Path(config_path)
     if not config_path.is_file():
         raise AsrtrainError(f"{config_path}: no such training config")
     cfg = OmegaConf.load(config_path)
+    tcfg = TrainerConfig.from_config(cfg.trainer)  # a bad setting fails before any rendezvous
     if int(os.environ.get("RANK", 0)):
         logging.getLogger().setLevel(logging.WARNING)
     elif "TORCHELASTIC_RUN_ID" in os.environ:
@@ -29,7 +31,7 @@ def run_learner(config_path: str | Path) -> Path:
         handler = logging.FileHandler(Path(cfg.exp_dir) / "log" / "train.log", encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(handler)
-    backend = build_backend(cfg.trainer)  # also sets trainer.threads CPU threads, one by default
+    backend = build_backend(tcfg)  # also sets trainer.threads CPU threads, one by default
     try:
         return train(cfg, backend)
     finally:

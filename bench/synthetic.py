@@ -1,8 +1,12 @@
 """A synthetic learner: a 2-layer MLP regressing a fixed random teacher, trained through the
-Backend interface exactly as the real trainer does. Tests and benchmarks launch it under torchrun:
+Backend interface exactly as the real trainer does (``build_backend``, the registry, the same
+calls per step). The test harness of the distributed backends and the learner of ``bench/run.py``;
+it is not part of the package. Under torchrun (with ``bench`` on ``PYTHONPATH``)::
 
-    python -m torch.distributed.run --nproc-per-node 4 -m asrtrain.distributed.synthetic \\
+    PYTHONPATH=bench python -m torch.distributed.run --nproc-per-node 4 -m synthetic \\
         --backend adpsgd --steps 50 --out /tmp/run
+
+or, faster on a small machine, :func:`run_local` (learners forked from a fork server).
 
 Each learner writes ``<out>/rank<r>.json`` (steps, samples, rate, consensus distances) and
 ``<out>/rank<r>.pt`` (its initial and final parameters); rank 0 also writes ``consensus.pt``.
@@ -13,6 +17,7 @@ communication, not the machine's cores, is what a benchmark measures.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import os
@@ -26,7 +31,7 @@ from pathlib import Path
 import torch
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed import build_backend
+from asrtrain.distributed.learner import build_backend
 from asrtrain.fileio import atomic_open, write_text
 
 
@@ -61,8 +66,10 @@ def _rounds(backend: object) -> int:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="asrtrain.distributed.synthetic", description=__doc__)
-    p.add_argument("--backend", default="ssgd")
+    p = argparse.ArgumentParser(prog="synthetic", description=__doc__)
+    p.add_argument("--backend", default="ssgd", help="a registered backend name")
+    p.add_argument("--plugin", action="append", default=[],
+                   help="import this module first (it may register backends)")
     p.add_argument("--per-node", type=int, default=0)
     p.add_argument("--topology", default="random_ring")
     p.add_argument("--delay-by-one", action="store_true")
@@ -95,6 +102,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
+    for module in args.plugin:
+        importlib.import_module(module)
     cfg = {"backend": args.backend, "topology": args.topology, "delay_by_one": args.delay_by_one,
            "seed": args.seed, "timeout_s": args.timeout, "gossip_idle_s": args.idle,
            "sync_init": not args.no_sync_init, "cpu": True, "threads": args.threads}
@@ -175,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise
 
 
-def _forked_learner(env: dict[str, str], argv: list[str]) -> None:
+def _learner(env: dict[str, str], argv: list[str]) -> None:
     os.environ.update(env)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         if key not in env:
@@ -189,31 +198,34 @@ def _forked_learner(env: dict[str, str], argv: list[str]) -> None:
     os._exit(code)
 
 
+#: What the fork server imports once, so that a learner starts at once: torch, and what the first
+#: optimizer step imports (torch._dynamo: seconds per process on a busy machine).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim"]
+
+
 def run_local(out: Path, learners: int, argv: Sequence[str],
               timeout: float = 120.0) -> dict[int, int]:
-    """Run ``learners`` synthetic learners forked from this process, with torchrun's variables.
+    """Run ``learners`` synthetic learners on this machine, with torchrun's variables.
 
-    Forking skips the seconds each new Python process spends importing torch, which matters for
-    tests and benchmarks on a small machine; :func:`asrtrain.distributed.launch.launch` is the
-    real launcher. Returns {rank: exit code}; learners still running after ``timeout`` seconds
-    are killed and raise an AsrtrainError (a deadlock).
+    The learners are forked from a fork server (multiprocessing's ``forkserver``), a clean process
+    that imported torch once (:data:`PRELOAD`) and never ran autograd or CUDA: a learner starts at
+    once, and no fork copies the threads of a process that trained (CUDA's autograd threads do not
+    survive a fork). :func:`asrtrain.distributed.launch.launch` is the real launcher. Returns
+    {rank: exit code}; learners still running after ``timeout`` seconds are killed and raise an
+    AsrtrainError (a deadlock).
     """
-    # Creating the first optimizer imports much of torch (seconds per process on a busy machine):
-    # do it once here, before forking, instead of in every learner.
-    warm = torch.zeros(1, requires_grad=True)
-    warm.sum().backward()
-    torch.optim.SGD([warm], lr=0.1, momentum=0.9).step()
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([*PRELOAD, __name__])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("fork")
     procs = []
     for rank in range(learners):
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         if learners > 1:
             env.update(RANK=str(rank), WORLD_SIZE=str(learners), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(learners))
-        p = ctx.Process(target=_forked_learner, args=(env, ["--out", str(out), *argv]))
+        p = ctx.Process(target=_learner, args=(env, ["--out", str(out), *argv]))
         p.start()
         procs.append(p)
     deadline = time.monotonic() + timeout

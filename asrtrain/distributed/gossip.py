@@ -1,43 +1,37 @@
-"""Asynchronous decentralized parallel SGD (AD-PSGD): local steps plus background pairwise gossip.
+"""The gossip of AD-PSGD: a background thread that averages a learner's model with its neighbours'.
 
-    compute thread:   x_i <- x_i - lr(s) * m_i,   m_i the learner's own (local) momentum buffer
-    gossip thread:    x_i <- x_i + w * sum_{j in round r} (x_j^(r) - x_i^(r))
+    x_i <- x_i + w * sum_{j in round r} (x_j^(r) - x_i^(r))
 
-Lian et al., "Asynchronous Decentralized Parallel Stochastic Gradient Descent", ICML 2018; for
-speech, Zhang et al., "Distributed deep learning strategies for automatic speech recognition",
-ICASSP 2019, and Zhang, Cui, Kingsbury et al., ICASSP 2020 / TASLP 2021 (randomized ring,
-delay-by-one). ``x^(r)`` are the models both partners had when round ``r`` started; the round's
-change is added to the *current* model under the model lock, so gradient steps taken during an
-exchange are kept and the average over learners is unchanged by gossip. The gossip thread has its
-own gloo process group over CPU copies (one process group must never be used from two threads);
-rounds follow ``topology.Schedule`` (matchings in a shared order: deadlock-free). A round starts
-after each local step, or after ``idle_s`` without one, so a slow learner still answers its
-neighbours and never holds up their computation. With ``delay_by_one`` a round's messages are
-posted and applied at the next round, so the network wait overlaps the next step and a learner
-averages with its neighbours' models of the previous round. The LR schedule follows ``s``, the
-samples of all learners, known through counters that ride along every exchange (element-wise max).
+Lian et al., "Asynchronous Decentralized Parallel Stochastic Gradient Descent", ICML 2018; the
+randomized ring and delay-by-one of Zhang, Cui, Kingsbury et al., ICASSP 2020 / TASLP 2021.
+``x^(r)`` are the models both partners had when round ``r`` started; the round's change is added
+to the *current* model under the model lock, so gradient steps taken during an exchange are kept
+and the average over learners is unchanged by gossip. The thread has its own gloo process group
+over CPU copies (one process group must never be used from two threads); rounds follow
+``topology.Schedule`` (matchings in a shared order: deadlock-free). A round starts after each
+local step, or after ``idle_s`` without one, so a slow learner still answers its neighbours and
+never holds up their computation. With ``delay_by_one`` a round's messages are posted and applied
+at the next round, so the network wait overlaps the next step. Sample counters ride along every
+exchange (element-wise max), so each member knows the global progress that drives the LR.
+
+Used by adpsgd (every learner a member, changes applied by the thread) and hadpsgd (node leaders
+are members; the changes are handed to the main thread to share inside the node).
+:func:`drain_gossip` brings all members to the same round with nothing in flight, which
+consensus, checkpoints and shutdown need.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed.backend import (
-    DistributedBackend,
-    Liveness,
-    add_flat_,
-    common_dtype,
-    flat_params,
-)
-from asrtrain.distributed.topology import Schedule, describe
+from asrtrain.distributed.comm import Comm, add_flat_, common_dtype, flat_params
+from asrtrain.distributed.topology import Schedule
 
 
 @dataclass
@@ -53,7 +47,8 @@ class Gossip:
     """The gossip thread of one learner (or one node leader) and its bookkeeping.
 
     Args:
-        backend: the owning backend (model lock, error naming).
+        comm: this learner's communication (timeout, error naming).
+        lock: the model lock, held by the main thread around optimizer steps.
         params: the parameters to average.
         group: a gloo process group used by this thread only.
         ranks: global rank of each gossip member, indexed by member number.
@@ -63,17 +58,17 @@ class Gossip:
             in :meth:`take_pending` for the main thread to share inside the node (H-AD-PSGD).
     """
 
-    def __init__(self, backend: DistributedBackend, params: list[torch.Tensor],
+    def __init__(self, comm: Comm, lock: threading.Lock, params: list[torch.Tensor],
                  group: dist.ProcessGroup, ranks: list[int], me: int, schedule: Schedule,
-                 timeout: timedelta, delay_by_one: bool, idle_s: float,
-                 apply_in_thread: bool) -> None:
-        self.backend = backend
+                 delay_by_one: bool, idle_s: float, apply_in_thread: bool) -> None:
+        self.comm = comm
+        self.lock = lock
         self.params = params
         self.group = group
         self.ranks = ranks
         self.me = me
         self.schedule = schedule
-        self.timeout = timeout
+        self.timeout = comm.timeout
         self.delay_by_one = delay_by_one
         self.idle_s = idle_s
         self.apply_in_thread = apply_in_thread
@@ -139,7 +134,7 @@ class Gossip:
             while not (self.error or (self.idle and not self.inflight and self.rounds >= limit)):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self.backend.fail(
+                    raise self.comm.fail(
                         f"draining gossip to round {limit} (at round {self.rounds})",
                         TimeoutError(f"no progress for {timeout_s:.0f} s"))
                 self.cond.wait(min(left, 1.0))
@@ -207,14 +202,14 @@ class Gossip:
             bad = None
             if isinstance(e, _PeerError):
                 bad, e = e.peer, e.cause
-            err = self.backend.fail(f"gossip exchange (round {self.rounds - 1})", e, peer=bad)
+            err = self.comm.fail(f"gossip exchange (round {self.rounds - 1})", e, peer=bad)
             with self.cond:
                 self.error = err
                 self.idle = True
                 self.cond.notify_all()
 
     def _snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.backend.model_lock:
+        with self.lock:
             x = flat_params(self.params, self.dtype)
             if not self.apply_in_thread:
                 x += self.pending
@@ -267,7 +262,7 @@ class Gossip:
             counts = c.clone() if counts is None else torch.maximum(counts, c)
         if posted.exchanges:
             delta *= self.schedule.weight
-            with self.backend.model_lock:
+            with self.lock:
                 if self.apply_in_thread:
                     add_flat_(self.params, delta)
                 else:
@@ -287,99 +282,14 @@ class _PeerError(Exception):
         self.cause = cause
 
 
-class ADPSGDBackend(DistributedBackend):
-    """AD-PSGD over all learners (one gossip member per learner)."""
+def drain_gossip(comm: Comm, gossip: Gossip | None) -> None:
+    """Finish every round started anywhere and stop gossip until ``gossip.release()``;
+    collective over all learners (a learner without a gossip thread passes None).
 
-    name = "adpsgd"
-
-    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device,
-                 timeout_s: float, liveness: Liveness | None, topology: str = "random_ring",
-                 seed: int = 0, delay_by_one: bool = False, idle_s: float = 0.1,
-                 sync_init: bool = True) -> None:
-        super().__init__(rank, world_size, local_rank, device, timeout_s, liveness)
-        self.topology = topology
-        self.schedule = Schedule(world_size, topology, seed)
-        self.delay_by_one = delay_by_one
-        self.idle_s = idle_s
-        self.sync_init = sync_init
-        # Created on every rank at start, in the same order (see DESIGN.md on new_group).
-        self.gossip_group = dist.new_group(list(range(world_size)), backend="gloo",
-                                           timeout=self.timeout)
-        self.gossip: Gossip | None = None
-
-    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              global_samples: int = 0) -> None:
-        self.check_setup(model)
-        self.start_samples = int(global_samples)
-        if self.sync_init:
-            self.broadcast_params(0, None, "initial model broadcast")
-        # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
-        self.wait(dist.barrier(async_op=True), "setup barrier")
-        self.gossip = Gossip(self, self.params, self.gossip_group, list(range(self.world_size)),
-                             self.rank, self.schedule, self.timeout, self.delay_by_one,
-                             self.idle_s, apply_in_thread=True)
-        self.gossip.start()
-
-    def _gossip(self) -> Gossip:
-        if self.gossip is None:
-            raise AsrtrainError(f"rank {self.rank}: backend used before setup()")
-        return self.gossip
-
-    def after_backward(self, step: int) -> None:
-        self._gossip().check()
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        with self.model_lock:
-            optimizer.step()
-
-    def after_step(self, step: int, batch_samples: int) -> None:
-        self._local_samples += int(batch_samples)
-        g = self._gossip()
-        g.check()
-        g.notify_step(batch_samples)
-
-    def global_samples(self) -> int:
-        return self.start_samples + self._gossip().global_samples()
-
-    def drain(self) -> None:
-        """Agree on a last round with everyone, finish it, and stop gossip until release()."""
-        g = self._gossip()
-        started = g.hold_and_count()
-        limit = self.allreduce_sum_max(started)
-        g.drain_to(limit, self.timeout.total_seconds())
-
-    def allreduce_sum_max(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64)
-        dev = self._comm_device()
-        t = t.to(dev)
-        self.wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), "gossip drain")
-        return int(t.cpu()[0])
-
-    def consensus(self) -> dict[str, torch.Tensor]:
-        self.drain()
-        try:
-            return self.average_state()
-        finally:
-            self._gossip().release()
-
-    def consensus_distance(self) -> float:
-        self.drain()
-        try:
-            return self.distance_to(self.average_state())
-        finally:
-            self._gossip().release()
-
-    def reduce_mean(self, values: Mapping[str, float]) -> dict[str, float]:
-        return super().reduce_mean(values)
-
-    def describe(self) -> str:
-        mode = ", delay-by-one" if self.delay_by_one else ""
-        return (f"backend adpsgd{mode}: " + describe(self.world_size, self.topology, 1,
-                                                      self.schedule.seed))
-
-    def close(self) -> None:
-        if self.gossip is not None:
-            self.drain()
-            self.gossip.shutdown()
-            self.gossip = None
-        self.close_group()
+    Each member stops starting rounds and says how many it started; all then run up to the
+    maximum, so every exchange a partner posted is answered, and wait until nothing is in flight.
+    """
+    started = gossip.hold_and_count() if gossip is not None else 0
+    limit = comm.allreduce_int(started, "gossip drain", op=dist.ReduceOp.MAX)
+    if gossip is not None:
+        gossip.drain_to(limit, comm.timeout.total_seconds())

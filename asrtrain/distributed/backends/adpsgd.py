@@ -1,0 +1,79 @@
+"""Asynchronous decentralized parallel SGD (AD-PSGD): local steps plus background pairwise gossip.
+
+    compute thread:   x_i <- x_i - lr(s) * m_i,   m_i the learner's own (local) momentum buffer
+    gossip thread:    x_i <- x_i + w * sum_{j in round r} (x_j^(r) - x_i^(r))
+
+Lian et al., "Asynchronous Decentralized Parallel Stochastic Gradient Descent", ICML 2018; for
+speech, Zhang et al., "Distributed deep learning strategies for automatic speech recognition",
+ICASSP 2019, and Zhang, Cui, Kingsbury et al., ICASSP 2020 / TASLP 2021 (randomized ring,
+delay-by-one). Every learner is a member of one :class:`asrtrain.distributed.gossip.Gossip` over
+all learners, whose thread applies each round's change to the model itself (under the model
+lock). The LR schedule follows ``s``, the samples of all learners, known through the counters
+that ride along every exchange.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from asrtrain import AsrtrainError
+from asrtrain.distributed.backend import DistributedBackend
+from asrtrain.distributed.gossip import Gossip, drain_gossip
+from asrtrain.distributed.registry import register_backend
+from asrtrain.distributed.topology import Schedule, describe
+
+if TYPE_CHECKING:
+    from asrtrain.distributed.comm import Comm
+    from asrtrain.train.config import TrainerConfig
+
+
+@register_backend("adpsgd")
+class ADPSGDBackend(DistributedBackend):
+    """AD-PSGD over all learners (one gossip member per learner)."""
+
+    lockstep = "none"
+
+    def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
+        super().__init__(comm, cfg)
+        self.schedule = Schedule(self.world_size, cfg.topology, cfg.seed)
+        self.gossip_group = comm.new_group(list(range(self.world_size)), "gloo")
+        self.gossip: Gossip | None = None
+
+    def attach(self) -> None:
+        # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
+        self.comm.barrier("setup barrier")
+        self.gossip = Gossip(self.comm, self.model_lock, self.params, self.gossip_group,
+                             list(range(self.world_size)), self.rank, self.schedule,
+                             self.cfg.delay_by_one, self.cfg.gossip_idle_s, apply_in_thread=True)
+        self.gossip.start()
+
+    def _gossip(self) -> Gossip:
+        if self.gossip is None:
+            raise AsrtrainError(f"rank {self.rank}: backend used before setup()")
+        return self.gossip
+
+    def after_backward(self, step: int) -> None:
+        self._gossip().check()
+
+    def after_step(self, step: int, batch_samples: int) -> None:
+        self._local_samples += int(batch_samples)
+        g = self._gossip()
+        g.check()
+        g.notify_step(batch_samples)
+
+    def global_samples(self) -> int:
+        return self.start_samples + self._gossip().global_samples()
+
+    def drain(self) -> None:
+        drain_gossip(self.comm, self._gossip())
+
+    def release(self) -> None:
+        self._gossip().release()
+
+    def stop(self) -> None:
+        self._gossip().shutdown()
+
+    def describe(self) -> str:
+        mode = ", delay-by-one" if self.cfg.delay_by_one else ""
+        return (f"backend adpsgd{mode}: " + describe(self.world_size, self.cfg.topology, 1,
+                                                      self.schedule.seed))

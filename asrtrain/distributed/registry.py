@@ -1,0 +1,77 @@
+"""The registry of distributed backends: a backend is one module that registers its name.
+
+A backend lives in ``asrtrain/distributed/backends/<name>.py`` and registers its class under the
+module's name with :func:`register_backend`::
+
+    @register_backend("mybackend")
+    class MyBackend(DistributedBackend): ...
+
+:func:`backend_names` lists the modules of that package without importing them (so a config can
+be checked without torch), plus any backend registered from elsewhere (a test, a plugin);
+:func:`backend_class` imports a backend's module on first use. Nothing else lists backends: the
+trainer config, :func:`asrtrain.distributed.learner.build_backend` and ``bench/run.py`` all ask
+here. The contract a backend fulfils is :class:`asrtrain.distributed.backend.Backend`
+(see docs/architecture.md, "Backend contract").
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import TypeVar
+
+from asrtrain import AsrtrainError
+
+#: The package whose modules are the built-in backends, one per module, named as the module.
+PACKAGE = "asrtrain.distributed.backends"
+
+_REGISTRY: dict[str, type] = {}
+
+C = TypeVar("C", bound=type)
+
+
+def register_backend(name: str) -> Callable[[C], C]:
+    """Class decorator: make the class the backend ``trainer.backend=<name>`` selects.
+
+    The class is built as ``cls(comm, cfg)`` (an :class:`asrtrain.distributed.comm.Comm` and the
+    :class:`asrtrain.train.config.TrainerConfig`) on every learner of a multi-learner run, and
+    its ``name`` attribute is set to ``name``.
+    """
+    if not name.isidentifier():
+        raise AsrtrainError(f"backend name {name!r} is not an identifier")
+
+    def decorate(cls: C) -> C:
+        old = _REGISTRY.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__,
+                                                                       cls.__qualname__):
+            raise AsrtrainError(f"backend {name!r} is registered twice: by "
+                                f"{old.__module__}.{old.__qualname__} and "
+                                f"{cls.__module__}.{cls.__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return decorate
+
+
+def _builtin_names() -> list[str]:
+    package = importlib.import_module(PACKAGE)  # its __init__ imports nothing heavy
+    return [m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend ``trainer.backend`` may name, sorted (no backend module is imported)."""
+    return tuple(sorted(set(_builtin_names()) | set(_REGISTRY)))
+
+
+def backend_class(name: str) -> type:
+    """The class registered as ``name``, importing its module from the package if need be."""
+    if name not in _REGISTRY and name in _builtin_names():
+        importlib.import_module(f"{PACKAGE}.{name}")
+        if name not in _REGISTRY:
+            raise AsrtrainError(f"{PACKAGE}.{name} registers no backend named {name!r} "
+                                f"(decorate its class with @register_backend({name!r}))")
+    if name not in _REGISTRY:
+        raise AsrtrainError(f"trainer.backend={name!r}: expected one of "
+                            f"{', '.join(backend_names())}")
+    return _REGISTRY[name]
