@@ -346,14 +346,24 @@ def test_decode_mono_tri1_tri2_with_hclg(corpus, mono, tri1) -> None:
                                      ("tri2", tri2, 40.0)):
         info = make_graph(corpus["lang"], root / "lm", model_dir, root / f"graph_{name}")
         assert info["num_pdfs"] == AcousticModel.load(model_dir).num_pdfs
-        out = root / f"decode_{name}"
+        out = root / "decode" / name / "test"
+        scales = [1 / 12] if name != "tri2" else [1 / 12, 0.1]
         summary = decode_gmm(model_dir, root / f"graph_{name}", corpus["test"], out,
-                             {"acoustic_scales": [1 / 12]})
-        assert summary["wer"] < max_wer, summary
-        hyp = dict(line.split(" ", 1) for line in (out / "hyp.txt").read_text().splitlines()
+                             {"acoustic_scales": scales})
+        # the one decode-dir layout: ctm, text, score/ (plain WER: no stm), decode.json
+        assert summary["counts"]["all"].wer < max_wer, summary
+        assert (out / "score" / "text.sys").is_file() and (out / "score" / "text.pra").is_file()
+        saved = json.loads((out / "decode.json").read_text())
+        assert saved["wer"]["all"]["wer"] == round(summary["counts"]["all"].wer, 2)
+        assert saved["wer"]["all"]["ref_words"] == sum(len(t.split()) for t in test.text.values())
+        assert [float(s) for s in saved["per_scale"]] == [round(s, 4) for s in scales]
+        assert saved["acoustic_scale"] in scales and saved["real_time_factor"] > 0
+        per_scale = saved["per_scale"].values()
+        assert saved["wer"]["all"]["wer"] == min(w["all"]["wer"] for w in per_scale)
+        hyp = dict(line.split(" ", 1) for line in (out / "text").read_text().splitlines()
                    if " " in line)
         assert len(hyp) > len(test.utts) // 2
-        ctm = [line.split() for line in (out / "hyp.ctm").read_text().splitlines()]
+        ctm = [line.split() for line in (out / "ctm").read_text().splitlines()]
         assert sum(len(h.split()) for h in hyp.values()) == len(ctm)
         for file, channel, start, dur, word in ctm:
             assert channel == "1" and file in test.utt2spk

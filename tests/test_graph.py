@@ -134,3 +134,21 @@ def test_decode_needs_a_graph(setup, tmp_path) -> None:
         (tmp_path / "g").mkdir()
         (tmp_path / "g" / "info.json").write_text("{}")
         decode_gmm(setup["root"] / "model", tmp_path / "g", tmp_path / "data", tmp_path / "out")
+
+
+def test_gmm_decode_config() -> None:
+    """GmmDecodeConfig: the defaults of decode_gmm in one place; bad options are errors."""
+    from asrtrain import AsrtrainError
+    from asrtrain.decode import GmmDecodeConfig
+
+    c = GmmDecodeConfig.from_config(None)
+    assert (c.acoustic_scales, c.beam, c.max_active) == ((1 / 12, 0.1), 13.0, 7000)
+    assert GmmDecodeConfig.from_config({"acoustic_scales": [0.1], "beam": 10}).beam == 10.0
+    for bad, message in (({"acoustic_scale": 0.1}, r"unknown keys \['acoustic_scale'\]"),
+                         ({"acoustic_scales": []}, "need at least one"),
+                         ({"acoustic_scales": [0.1, -1]}, "all positive"),
+                         ({"max_active": "many"}, "gmm decode.max_active='many': expected an "
+                                                  "integer"),
+                         ({"beam": 0}, "must be positive")):
+        with pytest.raises(AsrtrainError, match=message):
+            GmmDecodeConfig.from_config(bad)

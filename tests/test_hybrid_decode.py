@@ -23,6 +23,7 @@ from asrtrain import AsrtrainError
 from asrtrain.align.train import train_mono
 from asrtrain.data.corpora import prepare_corpus
 from asrtrain.data.datadir import DataDir, read_table
+from asrtrain.decode import HybridDecodeConfig
 from asrtrain.decode.graph import make_graph
 from asrtrain.decode.hybrid import decode_hybrid, decode_loglikes, pseudo_loglikes
 from asrtrain.features.extract import FeatureOptions, compute_features
@@ -30,6 +31,7 @@ from asrtrain.lang.lexicon import prepare_lang
 from asrtrain.lang.ngram import train_lm
 from asrtrain.lang.phones import SymbolTable
 from asrtrain.models import build_model
+from asrtrain.score import counts_json, score_decode
 from asrtrain.train import checkpoint
 from asrtrain.train.tasks import FrameCETask
 
@@ -87,12 +89,18 @@ def test_alignment_posteriors_decode_the_aligned_utterances(setup, tmp_path) -> 
     assert summary["wer"]["all"]["ref_words"] > 500
     assert summary["wer"]["all"]["wer"] < 2.0
     assert summary["failed_utterances"] == summary["untimed_paths"] == 0
-    sweep = json.loads((out / "sweep.json").read_text())
+    sweep = json.loads((out / "decode.json").read_text())
     assert [(r["lmwt"], r["wip"]) for r in sweep["sweep"]] == [
         (m, w) for m in range(8, 13) for w in (0.0, 1.0)]
     best = min(r["wer"]["all"]["wer"] for r in sweep["sweep"])
     assert sweep["wer"]["all"]["wer"] == best
     assert "chosen on" in sweep["selection"]
+    # the one decode-dir layout; no stm here: plain WER of text, reports of the chosen setting
+    assert sweep["settings"] == {**HybridDecodeConfig().as_dict(), **FAST}
+    rescored = score_decode(setup["gmm_data"], out)["all"]
+    assert summary["counts"]["all"].as_dict() == rescored.as_dict()
+    assert sweep["wer"]["all"] == counts_json(summary["counts"])["all"]
+    assert (out / "score" / "text.sys").is_file() and not (out / "score" / "ctm.filt.sys").exists()
     # every word inside its utterance, in order, with the hypothesis text
     data = DataDir.read(setup["gmm_data"])
     hyp = read_table(out / "text", allow_empty_value=True)
@@ -118,6 +126,9 @@ def test_fixed_setting_scores_the_stm_subsets(setup, tmp_path) -> None:
     # the tiny stm spells contractions in upper case, which the GLM does not expand (see report)
     assert summary["wer"]["all"]["wer"] < 10.0
     assert (out / "score" / "ctm.filt.sys").is_file()
+    assert {k: c.as_dict() for k, c in summary["counts"].items()} == {
+        k: c.as_dict() for k, c in score_decode(setup["test"], out).items()}
+    assert json.loads((out / "decode.json").read_text())["wer"] == counts_json(summary["counts"])
 
 
 def test_faster_decoder_sweeps_lm_weights_only(setup, tmp_path) -> None:
@@ -178,7 +189,7 @@ def test_blstm_decodes_to_a_scored_ctm(setup, tmp_path) -> None:
     assert (out / "ctm").read_text().strip()
     for subset in ("ctm.filt.sys", "ctm.swbd.filt.sys", "ctm.callhm.filt.sys"):
         assert (out / "score" / subset).is_file()
-    assert len(json.loads((out / "sweep.json").read_text())["sweep"]) == 10
+    assert len(json.loads((out / "decode.json").read_text())["sweep"]) == 10
 
 
 def test_each_frame_from_one_chunk(setup) -> None:
@@ -214,3 +225,29 @@ def test_errors_name_the_file(setup, tmp_path) -> None:
     (data / "feats.scp").unlink()
     with pytest.raises(AsrtrainError, match=f"{data / 'feats.scp'}: missing"):
         decode_hybrid(tmp_path / "final.pt", setup["graph"], data, tmp_path / "o", {})
+
+
+def test_config_defaults_in_one_place_and_checked() -> None:
+    """HybridDecodeConfig holds the defaults; the recipes' hybrid.decode sections load through
+    it and repeat none of them; unknown keys, wrong types and bad values are errors."""
+    default = HybridDecodeConfig()
+    assert default.settings() == [(m, w) for m in range(7, 18) for w in (0.0, 0.5, 1.0)]
+    for path in sorted((REPO / "conf" / "hybrid").glob("*.yaml")):
+        section = OmegaConf.to_container(OmegaConf.load(path)).get("decode") or {}
+        cfg = HybridDecodeConfig.from_config(section)
+        repeated = {k for k, v in section.items() if getattr(default, k) == getattr(cfg, k)}
+        assert not repeated, f"{path}: decode repeats the defaults of {sorted(repeated)}"
+    c = HybridDecodeConfig.from_config({"beam": 11, "wips": [0, 1], "lmwt": 9})
+    assert (c.beam, c.wips, c.settings()) == (11.0, (0.0, 1.0), [(9, 0.0), (9, 1.0)])
+    assert HybridDecodeConfig.from_config({"decoder": "faster", "max_lmwt": 8}).settings() == [
+        (7, 0.0), (8, 0.0)]
+    for bad, message in (({"beams": 3}, r"unknown keys \['beams'\]"),
+                         ({"beam": "wide"}, r"decode.beam='wide': expected a number"),
+                         ({"lmwt": 9.5}, r"decode.lmwt=9.5: expected an integer"),
+                         ({"wips": 0.5}, r"decode.wips=0.5: expected a list"),
+                         ({"decoder": "viterbi"}, "expected lattice or faster"),
+                         ({"min_lmwt": 0}, "LM weights positive"),
+                         ({"wips": []}, "need at least one of each"),
+                         ({"beam": -1.0}, "must be positive")):
+        with pytest.raises(AsrtrainError, match=message):
+            HybridDecodeConfig.from_config(bad)

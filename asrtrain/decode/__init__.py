@@ -1,1 +1,210 @@
-"""Decoding: CTC greedy search to words and CTM; graph (HCLG) decoding for hybrid models."""
+"""Decoding: CTC greedy search to words and CTM; HCLG graph decoding for GMM and hybrid models.
+
+Every decoder writes one decode-dir layout (docs/architecture.md)::
+
+    <out_dir>/ctm          words in recording time, sclite's CTM
+    <out_dir>/text         <utt> <words...>
+    <out_dir>/score/       asrtrain.score.score_decode's reports of this ctm/text
+    <out_dir>/decode.json  graph decoders: settings, the chosen one, every candidate's WER, RTF
+
+The graph decoders try several settings (acoustic scales, LM weights x insertion penalties):
+``score_candidates`` scores each candidate's words through ``score_decode`` in a temporary
+decode dir, and ``write_decode_dir`` writes the chosen one.  Their options are typed configs
+with the defaults in one place, here: ``GmmDecodeConfig`` and ``HybridDecodeConfig``
+(``from_config`` takes the YAML mapping, rejects unknown keys and values of the wrong type).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import types
+import typing
+from collections.abc import Hashable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from asrtrain import AsrtrainError
+
+if TYPE_CHECKING:
+    from asrtrain.data.datadir import DataDir
+    from asrtrain.decode.ctc import TimedWord
+    from asrtrain.score import Counts
+
+_C = TypeVar("_C")
+_K = TypeVar("_K", bound=Hashable)
+
+
+# ---------------------------------------------------------------------------- typed configs
+_SCALARS: dict[object, tuple[type | tuple[type, ...], str]] = {
+    float: ((int, float), "a number"), int: (int, "an integer"), str: (str, "a string")}
+
+
+def _coerce(where: str, value: object, hint: object) -> object:
+    """``value`` as the annotated type (int, float, str, ``X | None``, ``tuple[X, ...]``)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is tuple:
+        if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
+            raise AsrtrainError(f"{where}={value!r}: expected a list")
+        return tuple(_coerce(f"{where}[{i}]", v, typing.get_args(hint)[0])
+                     for i, v in enumerate(value))
+    accepts, what = _SCALARS[hint]
+    if not isinstance(value, accepts) or isinstance(value, bool):
+        raise AsrtrainError(f"{where}={value!r}: expected {what}")
+    return hint(value)
+
+
+def config_from(cls: type[_C], cfg: Mapping | _C | None, section: str) -> _C:
+    """A ``cls`` dataclass from a config mapping: unknown keys and values of the wrong type are
+    errors naming ``section`` (e.g. ``hybrid.decode``); missing keys take the defaults."""
+    if isinstance(cfg, cls):
+        return cfg
+    values = dict(cfg or {})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise AsrtrainError(f"{section} config: unknown keys {unknown}; known: {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise AsrtrainError(message)
+
+
+@dataclass(frozen=True)
+class GmmDecodeConfig:
+    """``decode_gmm``'s options: the acoustic scales tried (the best on the scored set is
+    kept), kaldi-decoder's FasterDecoder ``beam``/``max_active``, the transition scales of the
+    alignment that times the words, and the torch device of the GMM likelihoods."""
+
+    beam: float = 13.0
+    max_active: int = 7000
+    self_loop_scale: float = 0.1
+    transition_scale: float = 1.0
+    device: str = "cpu"
+    acoustic_scales: tuple[float, ...] = (1 / 12, 0.1)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.acoustic_scales) and min(self.acoustic_scales) > 0,
+               f"gmm decode: acoustic_scales {list(self.acoustic_scales)}: need at least one, "
+               "all positive")
+        _check(self.beam > 0 and self.max_active > 0,
+               f"gmm decode: beam {self.beam} and max_active {self.max_active} must be positive")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping | GmmDecodeConfig | None) -> GmmDecodeConfig:
+        return config_from(cls, cfg, "gmm decode")
+
+
+@dataclass(frozen=True)
+class HybridDecodeConfig:
+    """``decode_hybrid``'s options (see asrtrain/decode/hybrid.py's docstring): ``decoder``
+    lattice | faster, the pseudo log-likelihood scales, the search beams, the LM weights
+    ``min_lmwt..max_lmwt`` x insertion penalties ``wips`` swept (``lmwt``/``wip`` fix them
+    instead), chunks per forward pass, torch CPU threads (0: leave as is) and device."""
+
+    decoder: str = "lattice"
+    beam: float = 15.0
+    lattice_beam: float = 8.0
+    max_active: int = 7000
+    lmwt: int | None = None
+    min_lmwt: int = 7
+    max_lmwt: int = 17
+    wip: float | None = None
+    wips: tuple[float, ...] = (0.0, 0.5, 1.0)
+    acoustic_scale: float = 0.1
+    prior_scale: float = 1.0
+    batch_chunks: int = 256
+    threads: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _check(self.decoder in ("lattice", "faster"),
+               f"decode.decoder={self.decoder!r}: expected lattice or faster")
+        _check(self.decoder == "lattice" or self.wip in (None, 0.0),
+               f"decode.wip={self.wip}: the faster decoder gives no lattice to add an insertion "
+               "penalty to; use decoder=lattice")
+        _check(min(self.acoustic_scale, self.beam, self.lattice_beam, self.max_active,
+                   self.batch_chunks) > 0 and self.prior_scale >= 0 and self.threads >= 0,
+               "decode: acoustic_scale, beam, lattice_beam, max_active and batch_chunks must be "
+               "positive, prior_scale and threads not negative")
+        lmwts = [m for m, _ in self.settings()] or [0]
+        _check(bool(self.settings()) and min(lmwts) > 0,
+               f"decode: LM weights {self.min_lmwt}..{self.max_lmwt} (lmwt {self.lmwt}) and "
+               f"insertion penalties {list(self.wips)} (wip {self.wip}): need at least one of "
+               "each, LM weights positive")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping | HybridDecodeConfig | None) -> HybridDecodeConfig:
+        return config_from(cls, cfg, "decode")
+
+    def settings(self) -> list[tuple[int, float]]:
+        """The (LM weight, insertion penalty) pairs to try, in sweep order."""
+        lmwts = [self.lmwt] if self.lmwt is not None else list(
+            range(self.min_lmwt, self.max_lmwt + 1))
+        wips = [0.0] if self.decoder == "faster" else (
+            [self.wip] if self.wip is not None else list(self.wips))
+        return [(lmwt, wip) for lmwt in lmwts for wip in wips]
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+# ---------------------------------------------------------------------------- decode dirs
+def can_score(data_dir: Path) -> bool:
+    """Whether ``score_decode`` has a reference in ``data_dir`` (an stm or a text)."""
+    return (Path(data_dir) / "stm").is_file() or (Path(data_dir) / "text").is_file()
+
+
+def write_words(out_dir: Path, words: Mapping[str, list[str]],
+                timed: Mapping[str, list[TimedWord]], data: DataDir) -> None:
+    """``out_dir/text`` (every utterance of ``data``, empty where there are no ``words``) and
+    ``out_dir/ctm`` (the ``timed`` words in recording time)."""
+    from asrtrain.data.datadir import write_table
+    from asrtrain.decode.ctc import write_ctm
+
+    write_table(Path(out_dir) / "text", {u: " ".join(words.get(u, [])) for u in data.utts})
+    write_ctm(Path(out_dir) / "ctm", dict(timed), data)
+
+
+def score_candidates(candidates: Mapping[_K, tuple[Mapping[str, list[str]],
+                                                   Mapping[str, list[TimedWord]]]],
+                     data: DataDir, data_dir: Path) -> dict[_K, dict[str, Counts]]:
+    """``score_decode`` counts of each candidate's (words, timed words), each written to a
+    temporary decode dir; empty when ``data_dir`` has nothing to score against."""
+    from asrtrain.score import score_decode
+
+    if not can_score(data_dir):
+        return {}
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="asrtrain-sweep.") as tmp:
+        for i, (key, (words, timed)) in enumerate(candidates.items()):
+            cand = Path(tmp) / str(i)
+            write_words(cand, words, timed, data)
+            out[key] = score_decode(data_dir, cand)
+    return out
+
+
+def write_decode_dir(out_dir: Path, words: Mapping[str, list[str]],
+                     timed: Mapping[str, list[TimedWord]], data: DataDir, data_dir: Path,
+                     summary: dict) -> dict[str, Counts]:
+    """Write the chosen words as the decode-dir layout, score them (``summary["wer"]``, plain
+    numbers) and write ``summary`` to ``decode.json``; returns the counts ({} if unscored)."""
+    from asrtrain.fileio import atomic_dir, write_text
+    from asrtrain.score import counts_json, score_decode
+
+    counts: dict[str, Counts] = {}
+    with atomic_dir(out_dir) as tmp:
+        write_words(tmp, words, timed, data)
+        if can_score(data_dir):
+            counts = score_decode(data_dir, tmp)
+            summary["wer"] = counts_json(counts)
+        write_text(tmp / "decode.json", json.dumps(summary, indent=1) + "\n")
+    return counts

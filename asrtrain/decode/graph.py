@@ -12,11 +12,13 @@ determinization well defined because equal label cycles carry equal weights; the
 determinization, fine for the tiny and 300 h vocabularies, to revisit for very large graphs.
 
 ``decode_gmm`` scores frames with the GMMs (pdf log-likelihoods gathered to transition states),
-decodes with kaldi-decoder's FasterDecoder, and times the words by aligning the decoded
-transcript with the training-graph aligner (exact word boundaries, like Kaldi's lattice word
-alignment); it writes ``hyp.txt``, ``hyp.ctm`` and ``wer.json`` (WER against the data dir's
-``text`` per acoustic scale; the best scale is kept, as Kaldi's scoring picks the best LM weight;
-with an ``stm`` in the data dir also the Hub5 score of the CTM under ``score/``).
+decodes with kaldi-decoder's FasterDecoder once per acoustic scale, and times the words by
+aligning each decoded transcript with the training-graph aligner (exact word boundaries, like
+Kaldi's lattice word alignment).  Each scale's words are scored with ``score_decode`` (Hub5 with
+the data dir's ``stm``, plain WER on its ``text`` otherwise) and, as Kaldi's scoring picks the
+best LM weight, the scale with the lowest WER on the set itself is kept.  It writes the one
+decode-dir layout (asrtrain/decode/__init__.py): ``ctm``, ``text``, ``score/`` and
+``decode.json`` (chosen scale, every scale's WER, real-time factor, settings).
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kaldi_decoder
-import kaldialign
 import kaldifst
 import numpy as np
 import torch
@@ -39,10 +40,12 @@ from asrtrain import AsrtrainError
 from asrtrain.align.graph import scale_transitions
 from asrtrain.align.model import AcousticModel, Utterance, align, load_data
 from asrtrain.data.datadir import DataDir
-from asrtrain.decode.ctc import TimedWord, write_ctm
+from asrtrain.decode import GmmDecodeConfig, score_candidates, write_decode_dir
+from asrtrain.decode.ctc import TimedWord
 from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.lang.lexicon import Lang
 from asrtrain.lang.phones import SymbolTable
+from asrtrain.score import counts_json
 
 log = logging.getLogger(__name__)
 
@@ -188,85 +191,89 @@ def load_graph(graph_dir: Path) -> Graph:
 
 
 def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-               cfg: Mapping | None = None) -> dict:
-    """Decode ``data_dir`` with the GMM model and HCLG graph; see the module docstring.
-
-    ``cfg``: ``acoustic_scales`` (list, default [1/12, 0.1]), ``beam`` (13), ``max_active``
-    (7000), ``self_loop_scale``/``transition_scale`` for the timing alignment, ``device``."""
-    cfg = dict(cfg or {})
-    model_dir, graph_dir, out_dir = Path(model_dir), Path(graph_dir), Path(out_dir)
+               cfg: Mapping | GmmDecodeConfig | None = None) -> dict:
+    """Decode ``data_dir`` with the GMM model and HCLG graph into ``out_dir``; see the module
+    docstring.  ``cfg``: ``GmmDecodeConfig``'s keys.  Returns what ``decode.json`` holds (the
+    chosen ``acoustic_scale``, ``wer`` and ``per_scale`` WER as numbers, ``real_time_factor``)
+    and ``counts``: the chosen scale's ``Counts`` per subset ({} with nothing to score)."""
+    c = GmmDecodeConfig.from_config(cfg)
+    model_dir, graph_dir, data_dir = Path(model_dir), Path(graph_dir), Path(data_dir)
     graph = load_graph(graph_dir)
-    info, words, tstate_pdf = graph.info, graph.words, graph.tstate_pdf
-    lang = Lang.read(Path(info["lang_dir"]))
+    lang = Lang.read(Path(graph.info["lang_dir"]))
     model = AcousticModel.load(model_dir)
-    if info["num_pdfs"] != model.num_pdfs:
-        raise AsrtrainError(f"{graph_dir}: built for {info['num_pdfs']} pdfs, the model in "
+    if graph.info["num_pdfs"] != model.num_pdfs:
+        raise AsrtrainError(f"{graph_dir}: built for {graph.info['num_pdfs']} pdfs, the model in "
                             f"{model_dir} has {model.num_pdfs}; rebuild the graph")
-    hclg = graph.hclg   # referenced while decoding
-    opts = kaldi_decoder.FasterDecoderOptions()
-    opts.beam = float(cfg.get("beam", 13.0))
-    opts.max_active = int(cfg.get("max_active", 7000))
-    decoder = kaldi_decoder.FasterDecoder(hclg, opts)
     utts, skipped = load_data(data_dir, lang, model.delta_order)
     data = DataDir.read(data_dir)
-    device = torch.device(cfg.get("device", "cpu"))
-    gmm = model.gmm.to(device)
     t0 = time.time()
-    pdf_ll = {u.utt: gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu() for u in utts}
+    hyps = search_gmm(model, graph, utts, c)
+    decode_seconds = time.time() - t0
+    align_cfg = {"self_loop_scale": c.self_loop_scale, "transition_scale": c.transition_scale,
+                 "device": c.device}
+    timed = time_candidates(model, lang, utts, hyps, align_cfg)
+    scored = score_candidates({s: (hyps[s], timed[s]) for s in hyps}, data, data_dir)
+    if scored:
+        best = min(scored, key=lambda s: scored[s]["all"].wer)
+        how = ("fixed by the config" if len(hyps) == 1 else
+               f"the best of {len(hyps)} on {data_dir} itself, as Kaldi's scoring picks the LM "
+               "weight")
+    else:
+        best, how = c.acoustic_scales[0], "no stm or text to score: the first scale"
     frames = sum(len(u.feats) for u in utts)
-    results = {}
-    for scale in cfg.get("acoustic_scales", [1 / 12, 0.1]):
-        hyps = {}
+    summary = {"acoustic_scale": best, "selection": how,
+               "per_scale": {f"{s:.4f}": counts_json(v) for s, v in scored.items()},
+               "utterances": len(utts), "skipped": sorted(skipped), "frames": frames,
+               "decode_seconds": round(decode_seconds, 2),
+               "real_time_factor": round(decode_seconds / max(frames * 0.01, 1e-9), 3),
+               "settings": asdict(c)}
+    counts = write_decode_dir(out_dir, hyps[best], timed[best], data, data_dir, summary)
+    log.info("decode %s: acoustic scale %.4f (%s); WER %s", out_dir, best, how,
+             ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()) or "not scored")
+    return {**summary, "counts": counts}
+
+
+def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: GmmDecodeConfig,
+               ) -> dict[float, dict[str, list[str]]]:
+    """The 1-best words of every utterance for each acoustic scale (FasterDecoder on the GMM
+    pdf log-likelihoods gathered to ``graph``'s transition states)."""
+    opts = kaldi_decoder.FasterDecoderOptions()
+    opts.beam = c.beam
+    opts.max_active = c.max_active
+    hclg = graph.hclg   # the decoder holds a raw pointer to it
+    decoder = kaldi_decoder.FasterDecoder(hclg, opts)
+    device = torch.device(c.device)
+    gmm = model.gmm.to(device)
+    tstate_pdf = graph.tstate_pdf
+    pdf_ll = {u.utt: gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu() for u in utts}
+    out: dict[float, dict[str, list[str]]] = {}
+    for scale in c.acoustic_scales:
+        hyps = out.setdefault(scale, {})
         for u in utts:
             ll = (pdf_ll[u.utt][:, tstate_pdf] * scale).numpy().astype(np.float32)
-            decodable = kaldi_decoder.DecodableCtc(ll)
-            decoder.decode(decodable)
+            decoder.decode(kaldi_decoder.DecodableCtc(ll))
             ok, lat = decoder.get_best_path(use_final_probs=True)
             if not ok:
                 ok, lat = decoder.get_best_path(use_final_probs=False)
-            hyp: list[str] = []
+            hyps[u.utt] = []
             if ok:
                 _, _, olabels, _ = kaldifst.get_linear_symbol_sequence(lat)
-                hyp = [words.id2sym[o] for o in olabels]
-            hyps[u.utt] = hyp
-        errs = {"ins": 0, "del": 0, "sub": 0, "ref_words": 0}
-        for utt, hyp in hyps.items():
-            e = kaldialign.edit_distance(_scored(data.text.get(utt, "").split()), _scored(hyp))
-            for k in ("ins", "del", "sub"):
-                errs[k] += e[k]
-            errs["ref_words"] += e["ref_len"]
-        errs["wer"] = 100.0 * (errs["ins"] + errs["del"] + errs["sub"]) / max(
-            errs["ref_words"], 1)
-        results[f"{scale:.4f}"] = (errs, hyps)
-    decode_seconds = time.time() - t0
-    best_key = min(results, key=lambda k: results[k][0]["wer"])
-    best_errs, best_hyps = results[best_key]
-    timed = time_words(model, lang, utts, best_hyps, cfg)
-    summary = {"best_acoustic_scale": float(best_key), "wer": best_errs["wer"],
-               "per_scale": {k: v[0] for k, v in results.items()}, "utterances": len(utts),
-               "skipped": sorted(skipped), "frames": frames,
-               "decode_seconds": round(decode_seconds, 2),
-               "real_time_factor": round(decode_seconds / max(frames * 0.01, 1e-9), 3)}
-    with atomic_dir(out_dir) as tmp:
-        write_text(tmp / "hyp.txt", "".join(f"{u} {' '.join(best_hyps[u])}\n"
-                                             for u in sorted(best_hyps)))
-        write_ctm(tmp / "hyp.ctm", timed, data)
-        if (Path(data_dir) / "stm").is_file():
-            from asrtrain.score import score_hub5
-
-            glm = Path(data_dir) / "glm"
-            counts = score_hub5(Path(data_dir) / "stm", tmp / "hyp.ctm", tmp / "score",
-                                glm if glm.is_file() else None)
-            summary["hub5_wer"] = {k: round(c.wer, 2) for k, c in counts.items()}
-        write_text(tmp / "wer.json", json.dumps(summary, indent=1) + "\n")
-    log.info("decode %s: WER %.2f%% (acoustic scale %s)", out_dir, best_errs["wer"], best_key)
-    return summary
+                hyps[u.utt] = [graph.words.id2sym[o] for o in olabels]
+    return out
 
 
-def _scored(words: list[str]) -> list[str]:
-    """Words for the quick WER: lower case, without noise/hesitation markup (``[noise]``,
-    ``(%hesitation)``, ``<unk>``); the Hub5 score from the stm is the official one."""
-    return [w.lower() for w in words if w[:1] not in "[(<%"]
+def time_candidates(model: AcousticModel, lang: Lang, utts: list[Utterance],
+                    candidates: dict[float, dict[str, list[str]]], cfg: Mapping,
+                    ) -> dict[float, dict[str, list[TimedWord]]]:
+    """``time_words`` for every candidate, each distinct (utterance, words) aligned once."""
+    cache: dict[tuple[str, tuple[str, ...]], list[TimedWord]] = {}
+    out = {}
+    for key, hyps in candidates.items():
+        todo = {u: h for u, h in hyps.items() if (u, tuple(h)) not in cache}
+        for utt, words in time_words(model, lang, utts, todo, cfg).items():
+            cache[(utt, tuple(todo[utt]))] = words
+        out[key] = {u: cache[(u, tuple(h))] for u, h in hyps.items() if (u, tuple(h)) in cache}
+    return out
 
 
 def time_words(model: AcousticModel, lang: Lang, utts: list[Utterance],

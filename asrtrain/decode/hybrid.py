@@ -49,14 +49,15 @@ from asrtrain.models.checkpoint import ModelCheckpoint
 
 log = logging.getLogger(__name__)
 
+
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
                   cfg: Mapping | HybridDecodeConfig | None = None) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
 
-    ``cfg``: ``HybridDecodeConfig``'s keys (defaults there): ``decoder`` (lattice | faster), ``acoustic_scale``
-    (0.1), ``prior_scale`` (1.0), ``beam`` (15), ``lattice_beam`` (8, lattice decoder),
-    ``max_active`` (7000, faster decoder), ``min_lmwt``..``max_lmwt`` (7..17) and ``wips``
-    ([0, 0.5, 1]) for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
+    ``cfg``: ``HybridDecodeConfig``'s keys, with their defaults (asrtrain/decode/__init__.py):
+    ``decoder`` (lattice | faster), ``acoustic_scale``, ``prior_scale``, ``beam``,
+    ``lattice_beam`` (lattice decoder), ``max_active`` (faster decoder), ``min_lmwt``..``max_lmwt``
+    and ``wips`` for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
     this set, ``batch_chunks`` (chunks per forward pass), ``threads`` (torch CPU threads, 0:
     leave as is), ``device``.  Returns the summary written to ``decode.json``: the chosen
     ``lmwt``/``wip``, ``wer`` per subset, every setting's WER under ``sweep``, and the real-time

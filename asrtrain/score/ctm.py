@@ -21,7 +21,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.score.glm import Glm, check_optional_parens, csr_filter_text
-from asrtrain.score.lines import data_fields, read_lines
+from asrtrain.score.lines import data_fields, parse_file
 
 
 @dataclass
@@ -68,12 +68,7 @@ def parse_ctm_line(line: str, path: Path | str, lineno: int) -> CtmLine | None:
 
 def read_ctm(path: Path) -> list[CtmLine]:
     """Read a CTM file (file order); raises AsrtrainError naming file and line."""
-    out = []
-    for lineno, line in read_lines(path, "CTM"):
-        entry = parse_ctm_line(line, path, lineno)
-        if entry is not None:
-            out.append(entry)
-    return out
+    return parse_file(path, "CTM", parse_ctm_line)
 
 
 # Kaldi egs/swbd/s5c/local/score_sclite.sh removes these lines from the CTM before hubscr.pl:

@@ -6,9 +6,13 @@ The files are read as latin-1 (any byte is a character, as in the C tools), spli
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from asrtrain import AsrtrainError
+
+_T = TypeVar("_T")
 
 
 def read_lines(path: Path, what: str) -> list[tuple[int, str]]:
@@ -30,3 +34,10 @@ def data_fields(line: str) -> list[str] | None:
     if not stripped or stripped.startswith(";;"):
         return None
     return stripped.split()
+
+
+def parse_file(path: Path, what: str, parse: Callable[[str, Path, int], _T | None]) -> list[_T]:
+    """``parse(line, path, line number)`` of every line of the file, in file order, leaving out
+    what it returns ``None`` for (comments, blank lines)."""
+    parsed = (parse(line, path, lineno) for lineno, line in read_lines(path, what))
+    return [entry for entry in parsed if entry is not None]

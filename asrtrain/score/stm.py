@@ -15,7 +15,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.score.glm import Glm, check_optional_parens, csr_filter_text
-from asrtrain.score.lines import data_fields, read_lines
+from asrtrain.score.lines import data_fields, parse_file
 
 
 @dataclass
@@ -62,12 +62,7 @@ def parse_stm_line(line: str, path: Path | str, lineno: int) -> StmSegment | Non
 
 def read_stm(path: Path) -> list[StmSegment]:
     """Read an STM file into segments (file order); raises AsrtrainError naming file and line."""
-    segments = []
-    for lineno, line in read_lines(path, "STM"):
-        seg = parse_stm_line(line, path, lineno)
-        if seg is not None:
-            segments.append(seg)
-    return segments
+    return parse_file(path, "STM", parse_stm_line)
 
 
 def sort_stm(segments: Iterable[StmSegment]) -> list[StmSegment]:
