@@ -79,10 +79,10 @@ class _Run:
 class _Epoch:
     """One learner's figures of one epoch."""
 
-    steps: int = 0
-    frames: int = 0
-    loss_sum: float = 0.0
-    seconds: float = 0.0
+    steps: int
+    frames: int
+    loss_sum: float
+    seconds: float
 
 
 def train(cfg: DictConfig, backend: Backend) -> Path:
@@ -144,7 +144,8 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
     bar = tqdm(total=per_epoch, desc=f"epoch {epoch}/{tcfg.epochs}", unit="batch",
                disable=not backend.is_main, leave=False)
     t0 = time.time()
-    out = _Epoch()
+    steps = frames = 0
+    loss_sum = 0.0
     for batch in run.task.epoch(epoch, backend.data_rank, backend.data_world):
         lr = schedule(backend.global_samples())  # all learners' samples, before a resume too
         for group in optimizer.param_groups:
@@ -165,20 +166,19 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
         backend.optimizer_step(optimizer)
         backend.after_step(step, run.task.samples(batch))
         step += 1
-        out.steps += 1
-        out.frames += batch.frames
-        out.loss_sum += loss_value
+        steps += 1
+        frames += batch.frames
+        loss_sum += loss_value
         bar.update()
         if step % tcfg.log_every == 0:
-            rate = out.frames / max(time.time() - t0, 1e-9)
+            rate = frames / max(time.time() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", fps=f"{rate:.0f}")
             distance = backend.consensus_distance()
             if backend.is_main:
                 log.info("epoch %d step %d: loss %.4f lr %.3e %.0f frames/s per learner, "
                          "consensus distance %.2e", epoch, step, loss_value, lr, rate, distance)
     bar.close()
-    out.seconds = time.time() - t0
-    return out
+    return _Epoch(steps, frames, loss_sum, time.time() - t0)
 
 
 def _end_epoch(run: _Run, epoch: int, figures: _Epoch) -> None:

@@ -14,17 +14,11 @@ that ride along every exchange.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.gossip import Gossip, drain_gossip
 from asrtrain.distributed.registry import register_backend
 from asrtrain.distributed.topology import Schedule, describe
-
-if TYPE_CHECKING:
-    from asrtrain.distributed.comm import Comm
-    from asrtrain.train.config import TrainerConfig
 
 
 @register_backend("adpsgd")
@@ -32,19 +26,17 @@ class ADPSGDBackend(DistributedBackend):
     """AD-PSGD over all learners (one gossip member per learner)."""
 
     lockstep = "none"
-
-    def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
-        super().__init__(comm, cfg)
-        self.schedule = Schedule(self.world_size, cfg.topology, cfg.seed)
-        self.gossip_group = comm.new_group(list(range(self.world_size)), "gloo")
-        self.gossip: Gossip | None = None
+    gossip: Gossip | None = None
 
     def attach(self) -> None:
+        everyone = list(range(self.world_size))
+        group = self.comm.new_group(everyone, "gloo")  # setup is collective: same order on all
         # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
         self.comm.barrier("setup barrier")
-        self.gossip = Gossip(self.comm, self.model_lock, self.params, self.gossip_group,
-                             list(range(self.world_size)), self.rank, self.schedule,
-                             self.cfg.delay_by_one, self.cfg.gossip_idle_s, apply_in_thread=True)
+        schedule = Schedule(self.world_size, self.cfg.topology, self.cfg.seed)
+        self.gossip = Gossip(self.comm, self.model_lock, self.params, group, everyone, self.rank,
+                             schedule, self.cfg.delay_by_one, self.cfg.gossip_idle_s,
+                             apply_in_thread=True)
         self.gossip.start()
 
     def _gossip(self) -> Gossip:
@@ -76,4 +68,4 @@ class ADPSGDBackend(DistributedBackend):
     def describe(self) -> str:
         mode = ", delay-by-one" if self.cfg.delay_by_one else ""
         return (f"backend adpsgd{mode}: " + describe(self.world_size, self.cfg.topology, 1,
-                                                      self.schedule.seed))
+                                                      self.cfg.seed))
