@@ -166,12 +166,11 @@ class DistributedBackend(Backend):
     """What every multi-learner backend shares: setup with the initial model broadcast, model
     averaging (consensus), metrics, step-count agreement and closing; all through ``comm``.
 
-    A subclass is built as ``cls(comm, cfg)`` (it may create process groups in ``__init__``:
-    every rank creates every group, in the same order) and implements :meth:`after_step` and
-    :meth:`global_samples`; it may add :meth:`attach` (after the initial broadcast),
-    :meth:`after_backward`, and :meth:`drain` / :meth:`release` / :meth:`stop` when it exchanges
-    in the background. Optimizer steps run under :attr:`model_lock`, which background exchanges
-    also take.
+    A subclass is built as ``cls(comm, cfg)`` and implements :meth:`after_step` and
+    :meth:`global_samples`; it may add :meth:`create_groups` (its process groups, at
+    construction), :meth:`attach` (after the initial broadcast), :meth:`after_backward`, and
+    :meth:`drain` / :meth:`release` / :meth:`stop` when it exchanges in the background.
+    Optimizer steps run under :attr:`model_lock`, which background exchanges also take.
     """
 
     def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
@@ -181,8 +180,14 @@ class DistributedBackend(Backend):
         self.params: list[torch.Tensor] = []
         #: Serialises optimizer steps and background (gossip) updates of the model.
         self.model_lock = threading.Lock()
+        self.create_groups()
 
     # -- hooks -----------------------------------------------------------------------------------
+    def create_groups(self) -> None:  # noqa: B027 - the default group is enough by default
+        """Create this backend's process groups (:meth:`Comm.new_group`). Called at construction,
+        on every rank, before any collective: every rank creates every group in the same order
+        (docs/architecture.md, "gloo")."""
+
     def attach(self) -> None:  # noqa: B027 - a backend without per-run state needs nothing
         """Called by :meth:`setup` once the model is known and synchronised; collective."""
 

@@ -28,15 +28,16 @@ class ADPSGDBackend(DistributedBackend):
     lockstep = "none"
     gossip: Gossip | None = None
 
+    def create_groups(self) -> None:
+        self.gossip_group = self.comm.new_group(list(range(self.world_size)), "gloo")
+
     def attach(self) -> None:
-        everyone = list(range(self.world_size))
-        group = self.comm.new_group(everyone, "gloo")  # setup is collective: same order on all
         # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
         self.comm.barrier("setup barrier")
         schedule = Schedule(self.world_size, self.cfg.topology, self.cfg.seed)
-        self.gossip = Gossip(self.comm, self.model_lock, self.params, group, everyone, self.rank,
-                             schedule, self.cfg.delay_by_one, self.cfg.gossip_idle_s,
-                             apply_in_thread=True)
+        self.gossip = Gossip(self.comm, self.model_lock, self.params, self.gossip_group,
+                             list(range(self.world_size)), self.rank, schedule,
+                             self.cfg.delay_by_one, self.cfg.gossip_idle_s, apply_in_thread=True)
         self.gossip.start()
 
     def _gossip(self) -> Gossip:

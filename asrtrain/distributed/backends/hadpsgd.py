@@ -15,8 +15,6 @@ stay bit-identical. One node is plain SSGD; one learner per node is plain AD-PSG
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 
@@ -28,20 +26,17 @@ from asrtrain.distributed.gossip import Gossip, drain_gossip
 from asrtrain.distributed.registry import register_backend
 from asrtrain.distributed.topology import Schedule, describe
 
-if TYPE_CHECKING:
-    from asrtrain.distributed.comm import Comm
-    from asrtrain.train.config import TrainerConfig
-
 
 @register_backend("hadpsgd")
 class HADPSGDBackend(DistributedBackend):
     """Super-learners of ``per_node`` learners (gradient allreduce) gossiping through leaders."""
 
     lockstep = "node"
+    gossip: Gossip | None = None
+    reduce: GradientAllreduce | None = None
 
-    def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
-        super().__init__(comm, cfg)
-        per_node = cfg.per_node or comm.local_world_size
+    def create_groups(self) -> None:
+        per_node = self.cfg.per_node or self.comm.local_world_size
         if self.world_size % per_node:
             raise AsrtrainError(
                 f"rank {self.rank}: trainer.per_node={per_node} does not divide the "
@@ -51,18 +46,16 @@ class HADPSGDBackend(DistributedBackend):
         self.nodes = self.world_size // per_node
         self.node = self.rank // per_node
         self.leader = self.node * per_node
-        self.schedule = Schedule(self.nodes, cfg.topology, cfg.seed)
+        self.schedule = Schedule(self.nodes, self.cfg.topology, self.cfg.seed)
         # Every rank creates every group, in the same order.
         self.node_group: dist.ProcessGroup | None = None
         if per_node > 1:
             for k in range(self.nodes):
-                g = comm.new_group(list(range(k * per_node, (k + 1) * per_node)))
+                g = self.comm.new_group(list(range(k * per_node, (k + 1) * per_node)))
                 if k == self.node:
                     self.node_group = g
         self.leaders = [k * per_node for k in range(self.nodes)]
-        self.leader_group = comm.new_group(self.leaders, "gloo") if self.nodes > 1 else None
-        self.gossip: Gossip | None = None
-        self.reduce: GradientAllreduce | None = None
+        self.leader_group = self.comm.new_group(self.leaders, "gloo") if self.nodes > 1 else None
         self._global = 0
 
     def attach(self) -> None:
