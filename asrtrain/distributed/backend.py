@@ -21,7 +21,7 @@ learners in the same order)::
 A multi-learner backend is a :class:`DistributedBackend` registered in
 :mod:`asrtrain.distributed.registry`; it composes the shared pieces (:mod:`.comm`,
 :mod:`.allreduce`, :mod:`.gossip`) and implements only its policy: :meth:`Backend.after_step`,
-:meth:`Backend.global_samples` and, where it has them, process groups created in ``__init__``,
+:meth:`Backend.global_samples` and, where it has them, :meth:`DistributedBackend.create_groups`,
 :meth:`DistributedBackend.attach`, :meth:`Backend.after_backward` and the drain hooks.
 """
 
