@@ -168,30 +168,39 @@ class Pipeline:
             raise AsrtrainError(f"stages: {self.names} names a stage twice")
         self.stages = {n: stages[n] for n in self.names}
         self.paths = Paths(Path(cfg.exp_dir))
-        self.inputs: dict[str, dict[str, str | None]] = {}
         self.values: dict[str, dict[str, Any]] = {}
-        self.digests: dict[str, str] = {}
+        self.generations: dict[str, str | None] = {}
         for i, name in enumerate(self.names):
             stage = self.stages[name]
             for r in stage.reads:
                 if r in self.stages and self.names.index(r) > i:
                     raise AsrtrainError(f"stages: {name} reads {r}, which comes after it; put "
                                         f"{r} first")
-            self.inputs[name] = {r: self.digests.get(r) for r in stage.reads}
             self.values[name] = _strip(_config_values(cfg, stage.config), stage.ignored)
-            self.digests[name] = _hash({"config": self.values[name],
-                                        "inputs": self.inputs[name]})
+            generation = self._generation_file(name)
+            self.generations[name] = (generation.read_text().strip() if generation.is_file()
+                                      else None)
+        self.inputs: dict[str, dict[str, str | None]] = {}
+        self.digests: dict[str, str] = {}
+        self._digest_from(0)
+
+    def _generation_file(self, name: str) -> Path:
+        return self.paths.markers / f".{name}.generation"
+
+    def _digest_from(self, first: int) -> None:
+        """(Re)compute the digests of the stages from index ``first`` on, in order."""
+        for name in self.names[first:]:
+            self.inputs[name] = {r: self.digests.get(r) for r in self.stages[name].reads}
+            self.digests[name] = _hash({"config": self.values[name], "inputs": self.inputs[name],
+                                        "generation": self.generations[name]})
 
     def resume_key(self, name: str) -> str:
-        """The key of the stage's inner progress: its digest less the resumable settings, and
-        the generation of its last fresh start (a forced run, or one after an input reran, must
-        not reuse inner steps of the same settings made from the inputs before)."""
+        """The key of the stage's inner progress: its digest less the resumable settings. The
+        digest holds the generation of the stage's last fresh start (a forced run, or one after
+        an input reran), so no inner step made from the inputs before is reused."""
         stage = self.stages[name]
-        generation = self.paths.markers / f".{name}.generation"
         return _hash({"config": _strip(self.values[name], stage.resumable),
-                      "inputs": self.inputs[name],
-                      "generation": generation.read_text().strip() if generation.is_file()
-                      else None})
+                      "inputs": self.inputs[name], "generation": self.generations[name]})
 
     def plan(self, start: str | None = None, stop: str | None = None,
              force: bool | Collection[str] = False) -> list[Decision]:
@@ -222,11 +231,22 @@ class Pipeline:
                 d.reasons.extend(self._why_changed(name, record))
             for r in self.stages[name].reads:
                 if r in decisions and decisions[r].run:
+                    d.reasons = [x for x in d.reasons if x != f"{r} changed"]
                     d.reasons.append(f"{r} reruns")
             d.run = bool(d.reasons)
+            if d.run and d.in_range and self._fresh(d):
+                # A fresh start is a new generation: a new digest, which its readers see.
+                self.generations[name] = f"{time.time_ns()}-{name}"
+                self._digest_from(i)
+                d.digest = self.digests[name]
             decisions[name] = d
         self._check_inputs_outside_range(decisions)
         return list(decisions.values())
+
+    @staticmethod
+    def _fresh(d: Decision) -> bool:
+        """Inner progress stays usable only when the stage's own record was the reason."""
+        return any(r == "forced" or r.endswith(" reruns") for r in d.reasons)
 
     def _why_changed(self, name: str, record: dict) -> list[str]:
         reasons = []
@@ -259,11 +279,14 @@ class Pipeline:
             if d.run and d.in_range and check is not None:
                 check(self.cfg)
 
-    def context(self, name: str, fresh: bool) -> StageContext:
+    def context(self, d: Decision) -> StageContext:
+        """The running stage's context; a fresh start's new generation is written first, so a
+        run killed now resumes within that generation."""
+        fresh = self._fresh(d)
         if fresh:
-            write_text(self.paths.markers / f".{name}.generation", f"{time.time_ns()}\n")
-        return StageContext(self.cfg, self.paths, self.stages[name], self.digests[name],
-                            self.resume_key(name), fresh)
+            write_text(self._generation_file(d.stage), f"{self.generations[d.stage]}\n")
+        return StageContext(self.cfg, self.paths, self.stages[d.stage], self.digests[d.stage],
+                            self.resume_key(d.stage), fresh)
 
     def record(self, name: str) -> None:
         write_text(self.paths.markers / name, json.dumps(
@@ -311,9 +334,7 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             stage = pipeline.stages[d.stage]
             log.info("stage %-13s starts: %s (%s)", d.stage, stage.doc, "; ".join(d.reasons))
             (paths.markers / d.stage).unlink(missing_ok=True)
-            # Inner progress stays usable only when this stage's own record was the reason.
-            fresh = any(r == "forced" or r.endswith(" reruns") for r in d.reasons)
-            ctx = pipeline.context(d.stage, fresh)
+            ctx = pipeline.context(d)
             t0 = time.time()
             with _stage_log(paths.logs / f"{d.stage}.log"):
                 stage.run(ctx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.stages.train_hybrid import hybrid_config
@@ -23,7 +23,7 @@ def run(ctx: StageContext) -> None:
     graph = last / "graph"
     if not (graph / "HCLG.fst").is_file():
         make_graph(paths.lang, paths.lm, last, graph)
-    options = OmegaConf.to_container(hcfg.hybrid.decode) if "decode" in hcfg.hybrid else {}
+    options = _options(hcfg.hybrid)
     for name in cfg.sets.test:
         dec = paths.decode_dir(system, name)
         summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph,
@@ -32,6 +32,16 @@ def run(ctx: StageContext) -> None:
             report_wer(str(name), system, summary["counts"], dec / "score")
 
 
+def check(cfg: DictConfig) -> None:
+    from asrtrain.decode import HybridDecodeConfig
+
+    HybridDecodeConfig.from_config(_options(cfg.hybrid))
+
+
+def _options(hybrid: DictConfig) -> dict:
+    return OmegaConf.to_container(hybrid.decode, resolve=True) if "decode" in hybrid else {}
+
+
 STAGE = Stage("decode_hybrid", run, reads=("train_hybrid", "align", "lm", "lang", "features"),
-              config=("hybrid.decode",),
+              config=("hybrid.decode",), check=check,
               doc="hybrid decoding through HCLG, LM-weight sweep, Hub5 scoring")

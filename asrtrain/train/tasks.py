@@ -17,6 +17,7 @@ from asrtrain import AsrtrainError
 from asrtrain.lang.bpe import Units
 from asrtrain.models.checkpoint import ModelCheckpoint
 from asrtrain.models.ctc import greedy_units
+from asrtrain.recipe import Paths
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
 from asrtrain.train.data import UtteranceSet, iterate, shard
 
@@ -49,14 +50,14 @@ class CTCTask(Task):
     name = "ctc"
 
     def __init__(self, cfg: DictConfig) -> None:
-        exp = Path(cfg.exp_dir)
-        self.units = Units(exp / "lang" / "units.model")
+        paths = Paths(Path(cfg.exp_dir))
+        self.units = Units(paths.lang / "units.model")
         feats, t = cfg.features, cfg.trainer
         args = dict(delta_order=int(feats.delta_order), norm_vars=bool(feats.norm_vars),
                     subsample=int(cfg.model.get("stack_frames", 1)),
                     max_frames=int(t.max_utt_frames))
-        self.train_set = UtteranceSet(exp / "data" / cfg.sets.train, self.units.encode, **args)
-        self.dev_set = UtteranceSet(exp / "data" / cfg.sets.dev, self.units.encode, **args)
+        self.train_set = UtteranceSet(paths.data_set(cfg.sets.train), self.units.encode, **args)
+        self.dev_set = UtteranceSet(paths.data_set(cfg.sets.dev), self.units.encode, **args)
         self.batch_frames = int(t.batch_frames)
         self.seed = int(t.seed)
         self.input_dim, self.output_dim = self.train_set.dim, len(self.units)
@@ -118,13 +119,13 @@ class FrameCETask(Task):
     name = "ce"
 
     def __init__(self, cfg: DictConfig) -> None:
-        exp = Path(cfg.exp_dir)
+        paths = Paths(Path(cfg.exp_dir))
         feats, t = cfg.features, cfg.trainer
         ali = cfg.model.alignments  # {train: align dir, dev: align dir} (the align stage's)
         args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
                     norm_vars=bool(feats.norm_vars))
-        self.train_set = ChunkSet(exp / "data" / cfg.sets.train, ali.train, **args)
-        self.dev_set = ChunkSet(exp / "data" / cfg.sets.dev, ali.dev, **args)
+        self.train_set = ChunkSet(paths.data_set(cfg.sets.train), ali.train, **args)
+        self.dev_set = ChunkSet(paths.data_set(cfg.sets.dev), ali.dev, **args)
         if self.dev_set.num_pdfs != self.train_set.num_pdfs:
             raise AsrtrainError(f"{ali.dev}: {self.dev_set.num_pdfs} pdfs, but the training "
                                 f"alignments in {ali.train} have {self.train_set.num_pdfs}")

@@ -1,0 +1,120 @@
+"""Exact invalidation on the real tiny recipe (reduced settings), through the real CLI: a change
+reruns exactly the stages downstream of it, --force reaches inner steps, a run killed inside
+align resumes at the pass it was in."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
+
+ALL = ["prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
+       "train_hybrid", "decode_hybrid"]
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory) -> list[str]:
+    """A finished small run of the whole tiny recipe; returns its command-line settings."""
+    exp = tmp_path_factory.mktemp("invalidation") / "exp"
+    args = ["recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL]
+    out = asrtrain("run", *args, timeout=1800)
+    assert [s for s in ALL if f"stage {s:<13} starts" in out.stderr] == ALL
+    return args
+
+
+def _exp(args: list[str]) -> Path:
+    return Path(next(a for a in args if a.startswith("exp_dir="))[len("exp_dir="):])
+
+
+def plan(args: list[str], *extra: str) -> list[str]:
+    """The stages ``asrtrain run --dry-run`` says would run."""
+    out = asrtrain("run", *args, *extra, "--dry-run")
+    lines = [ln.split(None, 2) for ln in out.stdout.splitlines() if ln.strip()]
+    assert [ln[0] for ln in lines] == ALL
+    return [name for name, what, *_ in lines if what == "runs:"]
+
+
+def ran(out: subprocess.CompletedProcess) -> list[str]:
+    return [s for s in ALL if f"stage {s:<13} starts" in out.stderr]
+
+
+def test_nothing_to_do_after_a_whole_run(done: list[str]) -> None:
+    assert plan(done) == []
+
+
+def test_an_mfcc_change_reruns_the_gmm_branch_and_not_ctc(done: list[str]) -> None:
+    assert plan(done, "mfcc.dither=0.5") == ["mfcc", "align", "train_hybrid", "decode_hybrid"]
+
+
+def test_a_ctc_decode_change_reruns_only_decode_and_score(done: list[str]) -> None:
+    out = asrtrain("run", *done, "decode.batch_frames=12345")
+    assert ran(out) == ["decode", "score"]
+    assert "config changed: decode.batch_frames: 20000 -> 12345" in out.stderr
+    assert plan(done, "decode.batch_frames=12345") == []
+    assert ran(asrtrain("run", *done)) == ["decode", "score"]     # and back again
+
+
+def test_a_lang_change_reruns_everything_that_reads_lang(done: list[str]) -> None:
+    assert plan(done, "lang.sil_prob=0.4") == [
+        "lang", "train", "decode", "score", "lm", "align", "train_hybrid", "decode_hybrid"]
+
+
+def test_a_corpus_change_reaches_every_stage(done: list[str]) -> None:
+    assert plan(done, "corpus.dev_utts=39") == ALL
+
+
+def test_launch_settings_rerun_nothing_and_more_epochs_only_training(done: list[str]) -> None:
+    assert plan(done, "trainer.threads=2", "trainer.log_every=7") == []
+    assert plan(done, "hybrid.trainer.epochs=2") == ["train_hybrid", "decode_hybrid"]
+
+
+def test_a_stale_input_outside_the_range_is_one_clear_error(done: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *done,
+                           "features.num_mel_bins=30", "--stage", "train"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert ("stage train reads features, which is not up to date (config changed: "
+            "features.num_mel_bins: 40 -> 30)") in proc.stderr
+
+
+def test_force_reruns_the_stage_its_inner_steps_and_its_readers(done: list[str]) -> None:
+    assert plan(done, "--force", "mfcc") == ["mfcc", "align", "train_hybrid", "decode_hybrid"]
+    exp = _exp(done)
+    before = (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns
+    out = asrtrain("run", *done, "--force", "align", "--to", "align")
+    assert ran(out) == ["align"] and "done already" not in out.stderr
+    assert (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns != before
+    # what reads align must follow: its record names the align digest it was made from
+    assert plan(done) == ["train_hybrid", "decode_hybrid"]
+
+
+def test_a_run_killed_inside_align_resumes_at_its_pass(done: list[str]) -> None:
+    exp = _exp(done)
+    proc = subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", *done, "--force",
+                             "align", "--to", "align"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    mono_done = exp / "align" / "mono" / ".done"
+    deadline = time.time() + 900
+    try:
+        # the forced run first removes mono's marker, then writes it once mono is trained
+        while mono_done.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        while not mono_done.is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "align finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert not (exp / "align" / "tri1" / ".done").is_file()
+    assert not (exp / ".done" / "align").is_file()
+    out = asrtrain("run", *done, "--to", "align")
+    assert ran(out) == ["align"]
+    assert "align mono: done already" in out.stderr
+    assert "align tri1: done already" not in out.stderr
+    assert (exp / "align" / "tri1" / ".done").is_file()
