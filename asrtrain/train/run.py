@@ -18,12 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
 from asrtrain.fileio import write_text
+from asrtrain.train.config import TrainerConfig
 
 log = logging.getLogger("asrtrain")
 
 #: Trainer settings that only say how a run is launched or logged: they never change the model.
 LAUNCH_ONLY = ("log_every", "threads", "timeout_s", "nnodes", "node_rank", "rdzv_endpoint",
-               "gossip_idle_s")
+               "gossip_idle_s", "cpu")
 #: Trainer settings a run may change and still continue from its checkpoints.
 RESUMABLE = ("epochs", "learners")
 
@@ -50,17 +51,16 @@ def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: b
     run_cfg.exp_dir = str(exp.resolve())
     config_path = out / "config.yaml"
     write_text(config_path, OmegaConf.to_yaml(run_cfg))
-    t = cfg.trainer
-    if int(t.learners) == 1 and int(t.nnodes) == 1:
+    t = TrainerConfig.from_config(cfg.trainer)
+    if t.learners == 1 and t.nnodes == 1:
         from asrtrain.train.worker import run_learner
 
         run_learner(config_path)
     else:
         from asrtrain.distributed.launch import launch
 
-        launch([str(config_path)], learners=int(t.learners), nnodes=int(t.nnodes),
-               node_rank=int(t.node_rank), rdzv_endpoint=t.get("rdzv_endpoint"),
-               threads=int(t.get("threads") or 0))
+        launch([str(config_path)], learners=t.learners, nnodes=t.nnodes, node_rank=t.node_rank,
+               rdzv_endpoint=t.rdzv_endpoint, threads=t.threads)
     if not (out / "final.pt").is_file():
         raise AsrtrainError(f"{out}/final.pt: training ended without a final model "
                             f"(see {exp / 'log' / 'train.log'})")

@@ -19,6 +19,7 @@ from asrtrain.models.checkpoint import ModelCheckpoint
 from asrtrain.models.ctc import greedy_units
 from asrtrain.recipe import Paths
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
+from asrtrain.train.config import TrainerConfig
 from asrtrain.train.data import UtteranceSet, iterate, shard
 
 
@@ -52,7 +53,7 @@ class CTCTask(Task):
     def __init__(self, cfg: DictConfig) -> None:
         paths = Paths(Path(cfg.exp_dir))
         self.units = Units(paths.lang / "units.model")
-        feats, t = cfg.features, cfg.trainer
+        feats, t = cfg.features, TrainerConfig.from_config(cfg.trainer)
         args = dict(delta_order=int(feats.delta_order), norm_vars=bool(feats.norm_vars),
                     subsample=int(cfg.model.get("stack_frames", 1)),
                     max_frames=int(t.max_utt_frames))
@@ -120,7 +121,7 @@ class FrameCETask(Task):
 
     def __init__(self, cfg: DictConfig) -> None:
         paths = Paths(Path(cfg.exp_dir))
-        feats, t = cfg.features, cfg.trainer
+        feats, t = cfg.features, TrainerConfig.from_config(cfg.trainer)
         ali = cfg.model.alignments  # {train: align dir, dev: align dir} (the align stage's)
         args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
                     norm_vars=bool(feats.norm_vars))
@@ -130,7 +131,7 @@ class FrameCETask(Task):
             raise AsrtrainError(f"{ali.dev}: {self.dev_set.num_pdfs} pdfs, but the training "
                                 f"alignments in {ali.train} have {self.train_set.num_pdfs}")
         self.batch_size = int(t.batch_chunks)
-        self.block_utts = int(t.get("block_utts", 256))
+        self.block_utts = int(t.block_utts)
         self.seed = int(t.seed)
         self.input_dim, self.output_dim = self.train_set.dim, self.train_set.num_pdfs
         self.samples_per_epoch = len(self.train_set)

@@ -201,12 +201,9 @@ def _end_epoch(run: _Run, epoch: int, figures: _Epoch) -> None:
                      "spec_augment_rng": run.gen.get_state()},
                     checkpoint.optimizer_path(run.out_dir, epoch, backend.rank))
     if backend.is_main:
-        ckpt = {"model": state, "epoch": epoch, "global_samples": backend.global_samples(),
-                "model_config": OmegaConf.to_container(run.cfg.model, resolve=True),
-                "input_dim": task.input_dim, "output_dim": task.output_dim,
-                "features": OmegaConf.to_container(run.cfg.features, resolve=True),
-                "metrics": summary, **task.checkpoint_extra()}
-        checkpoint.save(ckpt, checkpoint.model_path(run.out_dir, epoch))
+        task.model_checkpoint(run.cfg, state, epoch=epoch,
+                              global_samples=backend.global_samples(),
+                              metrics=summary).save(checkpoint.model_path(run.out_dir, epoch))
         log.info("epoch %d: %s", epoch, ", ".join(
             f"{k} {v:.4g}" for k, v in summary.items() if k != "epoch"))
 
