@@ -118,3 +118,15 @@ def test_a_run_killed_inside_align_resumes_at_its_pass(done: list[str]) -> None:
     assert "align mono: done already" in out.stderr
     assert "align tri1: done already" not in out.stderr
     assert (exp / "align" / "tri1" / ".done").is_file()
+
+
+def test_a_bad_trainer_value_is_refused_before_anything_moves(done: list[str]) -> None:
+    exp = _exp(done)
+    before = sorted(p.name for p in (exp / "train").iterdir())
+    final = (exp / "train" / "blstm_tiny" / "final.pt").read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *done, "trainer.lr=-1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "trainer.lr" in proc.stderr and "starts" not in proc.stderr
+    assert sorted(p.name for p in (exp / "train").iterdir()) == before
+    assert (exp / "train" / "blstm_tiny" / "final.pt").read_bytes() == final
