@@ -110,10 +110,10 @@ def _config_values(cfg: DictConfig, keys: Sequence[str] | Callable) -> dict[str,
     return keys(cfg) if callable(keys) else {k: select(cfg, k) for k in keys}
 
 
-def _strip(values: dict[str, Any], resumable: Sequence[str]) -> dict[str, Any]:
-    """``values`` without the resumable keys (each a dotted key under one of ``values``' keys)."""
+def _strip(values: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``values`` without ``keys`` (each a dotted key, under one of ``values``' keys)."""
     out = json.loads(json.dumps(values, default=str))
-    for key in resumable:
+    for key in keys:
         for top in out:
             if key == top:
                 out[top] = ABSENT

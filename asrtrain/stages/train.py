@@ -22,14 +22,14 @@ def run(ctx: StageContext) -> None:
                 ctx.resume_key, ctx.fresh)
 
 
-def _keys(section: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def trainer_keys(section: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     from asrtrain.train.run import LAUNCH_ONLY, RESUMABLE
 
     return (tuple(f"{section}.{k}" for k in LAUNCH_ONLY),
             tuple(f"{section}.{k}" for k in RESUMABLE))
 
 
-IGNORED, RESUMABLE_KEYS = _keys("trainer")
+IGNORED, RESUMABLE_KEYS = trainer_keys("trainer")
 
 STAGE = Stage("train", run, reads=("features", "lang"), config=("model", "trainer"),
               ignored=IGNORED, resumable=RESUMABLE_KEYS,

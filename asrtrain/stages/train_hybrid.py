@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths
 from asrtrain.stages.align import final_alignments
-from asrtrain.stages.train import _keys, check_trainer
+from asrtrain.stages.train import check_trainer, trainer_keys
 
 
 def hybrid_config(cfg: DictConfig, paths: Paths) -> DictConfig:
@@ -38,6 +38,6 @@ def _settings(cfg: DictConfig) -> dict:
 
 
 STAGE = Stage("train_hybrid", run, reads=("align", "features"), config=_settings,
-              ignored=_keys("trainer")[0], resumable=_keys("trainer")[1],
+              ignored=trainer_keys("trainer")[0], resumable=trainer_keys("trainer")[1],
               check=lambda cfg: check_trainer(_trainer(cfg)),
               doc="hybrid BLSTM, frame CE on chunks of the alignments' pdf ids")
