@@ -4,16 +4,21 @@ The STM (data/tiny/LDC2002T43/reference/hub5e00.english.000405.stm, with Kaldi's
 is turned into time-mediated CTMs: each segment's words get plausible times inside the segment,
 then words are substituted, deleted, inserted, lower-cased, optional words realised or dropped,
 fragments completed, noise tokens added.  Both scorers must give identical counts per speaker for
-all, swbd and callhm, with and without Kaldi's CTM filter.
+all, swbd and callhm, with and without Kaldi's CTM filter.  A perfect hypothesis scores 0.00%,
+whether its words are the reference's (contractions expanded, as the Hub5 stm spells them) or the
+words as spoken (contractions, hesitations and partial words, as the CallHome-style transcripts
+and a recognizer trained on the ms98 transcripts give them).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
 
+from asrtrain.score import score_hub5
 from asrtrain.score.ctm import kaldi_keep
 from asrtrain.score.hub5 import SUBSETS, in_subset, score_hub5_python
 from asrtrain.score.sclite import run_hubscr, sctk_bin
@@ -91,3 +96,58 @@ def test_tiny_reference_parity(tmp_path: Path) -> None:
                 assert total.ref_words > 0
                 sides += len(speakers)
     assert sides >= 12 * 2 * 3
+
+
+def _timed(file: str, channel: str, start: float, end: float, words: list[str]) -> list[str]:
+    step = (end - start) / max(len(words), 1)
+    return [f"{file} {channel} {start + i * step:.2f} {0.9 * step:.2f} {w}"
+            for i, w in enumerate(words)]
+
+
+def _ctm_from_stm(lines: list[str]) -> str:
+    """The reference's own words (optional ones left out), lower case, in their segments."""
+    out = []
+    for n, line in enumerate(lines):
+        seg = parse_stm_line(line, STM, n)
+        if seg is None or seg.text == "IGNORE_TIME_SEGMENT_IN_SCORING":
+            continue
+        words = [w.lower() for w in seg.text.split() if not w.startswith("(")]
+        out += _timed(seg.file, seg.channel, seg.start, seg.end, words)
+    return "".join(x + "\n" for x in out)
+
+
+def _ctm_as_spoken() -> str:
+    """The words as spoken, from the CallHome-style transcripts: contractions (i'd, don't),
+    hesitations (um) and partial words (prob-) as a recognizer writes them."""
+    out = []
+    for txt in sorted((REFERENCE / "english").glob("*.txt")):
+        for line in txt.read_text().splitlines():
+            m = re.fullmatch(r"(\d+\.\d+) (\d+\.\d+) ([AB]): (.*)", line)
+            if not m or m.group(4) == "(( ))":
+                continue
+            text = re.sub(r'<contraction e_form="[^"]*">', "", m.group(4))
+            out += _timed(txt.stem, m.group(3), float(m.group(1)), float(m.group(2)),
+                          [w.lstrip("%") for w in text.split()])
+    return "".join(x + "\n" for x in out)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source", ["stm", "spoken"])
+@pytest.mark.parametrize("backend", ["python", "sclite"])
+def test_perfect_hypothesis_scores_zero(tmp_path: Path, source: str, backend: str) -> None:
+    """The tiny stm and GLM agree: the GLM expands a hypothesis' contractions (its ctm-only
+    rules) into the words the stm spells out, so a perfect CTM has no error in any subset."""
+    lines = [fix_eval2000_stm_line(x) for x in STM.read_text(encoding="latin-1").splitlines()]
+    stm = tmp_path / "stm"
+    stm.write_text("".join(x + "\n" for x in lines))
+    ctm = tmp_path / "ctm"
+    ctm.write_text(_ctm_from_stm(lines) if source == "stm" else _ctm_as_spoken())
+    if source == "spoken":
+        assert {"i'd", "don't", "that's", "um", "prob-"} <= set(ctm.read_text().split())
+    for kaldi_filter in (True, False):
+        counts = score_hub5(stm, ctm, tmp_path / "out", GLM, kaldi_filter, backend)
+        for subset in SUBSETS:
+            c = counts[subset]
+            assert (c.err, c.corr) == (0, c.ref_words), (subset, kaldi_filter, c.as_dict())
+        assert counts["all"].ref_words == 593 == (counts["swbd"].ref_words
+                                                  + counts["callhm"].ref_words)

@@ -654,15 +654,27 @@ def write_test(s09: Path, t43: Path, convs: list[Conversation]) -> None:
     shutil.copyfile(GLM_SOURCE, ref / "en20000405_hub5.glm")
 
 
+# Contractions of the test sentences: the CallHome transcripts' e_form markup, which is also
+# how the Hub5 stm spells them (expanded), so that the GLM's ctm-only rules, which expand a
+# system's contractions ([I'D] => [{I HAD / I WOULD}]), meet the same words in the reference.
+CONTRACTIONS = {"i'm": "[i=>i]['m=>am]", "don't": "[do=>do][n't=>not]",
+                "that's": "[that=>that]['s=>is]", "it's": "[it=>it]['s=>is]",
+                "i've": "[i=>i]['ve=>have]", "they're": "[they=>they]['re=>are]",
+                "we've": "[we=>we]['ve=>have]", "i'd": "[i=>i]['d=>would]"}
+
+
+def expansion(contraction: str) -> list[str]:
+    """The e_form's full words: "[i=>i]['d=>would]" -> ["i", "would"]."""
+    return re.findall(r"=>([^\]]+)\]", CONTRACTIONS[contraction])
+
+
 def contraction_markup(tokens: list[Token]) -> None:
-    """CallHome transcripts annotate contractions: <contraction e_form="[i=>i]['m=>am]">i'm."""
-    forms = {"i'm": "[i=>i]['m=>am]", "don't": "[do=>do][n't=>not]",
-             "that's": "[that=>that]['s=>is]", "it's": "[it=>it]['s=>is]",
-             "i've": "[i=>i]['ve=>have]", "they're": "[they=>they]['re=>are]",
-             "we've": "[we=>we]['ve=>have]", "i'd": "[i=>i]['d=>would]"}
+    """CallHome transcripts annotate contractions: <contraction e_form="[i=>i]['m=>am]">i'm;
+    the stm has the expanded words (I AM), as the Hub5 references do."""
     for t in tokens:
-        if t.callhome in forms:
-            t.callhome = f'<contraction e_form="{forms[t.callhome]}">{t.callhome}'
+        if t.callhome in CONTRACTIONS:
+            t.stm = " ".join(expansion(t.callhome)).upper()
+            t.callhome = f'<contraction e_form="{CONTRACTIONS[t.callhome]}">{t.callhome}'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -739,6 +751,8 @@ def main() -> None:
             ws = [t.ms98 for t in turn.tokens if t.ms98 and t.ms98 != "|"]
             vocab.update(w for w in ws if w not in special)
             test_words.update(ws)
+            # the stm's expanded contractions are words of the reference too (I AM, I WOULD)
+            vocab.update(x for w in ws if w in CONTRACTIONS for x in expansion(w))
     write_lexicon(out / "LDC97S62" / "swb_ms98_transcriptions" / "sw-ms98-dict.text",
                   lexicon_entries(vocab))
 
@@ -763,6 +777,10 @@ def main() -> None:
         return sum(1 for c in convs for t in c.turns if not t.ignore for k in t.tokens
                    if k.ms98 and k.ms98 not in special and k.ms98 != "|")
 
+    def n_stm_words(convs: list[Conversation]) -> int:
+        return sum(len(k.stm.split()) for c in convs for t in c.turns if not t.ignore
+                   for k in t.tokens if k.stm and k.stm not in ("<B_ASIDE>", "<E_ASIDE>"))
+
     train_convs = [c for _n, _d, c in train]
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()
                and p.suffix != ".py" and p.name != "README.md")
@@ -774,7 +792,8 @@ def main() -> None:
           f"{n_words(train_convs)} words")
     print(f"test:  {len(test)} conversations, {n_test_utts} scored segments, "
           f"{speech_seconds(test) / 60:.2f} min speech, "
-          f"{sum(c.duration for c in test) / 60:.2f} min audio, {n_words(test)} words")
+          f"{sum(c.duration for c in test) / 60:.2f} min audio, {n_words(test)} words "
+          f"({n_stm_words(test)} in the stm, contractions expanded)")
     test_only = sorted(w for w in test_words - train_words if w not in special)
     print(f"vocabulary: {len(vocab)} lexicon words; test-only words: {test_only}")
     print(f"phenomena (train): {dict(sorted(train_phen.counts.items()))}")
