@@ -16,3 +16,35 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 class AsrtrainError(Exception):
     """An error for the user: the message names the file, line, utterance or rank at fault."""
+
+    #: The command's exit status when this error ends it.
+    exit_code = 1
+
+
+class Interrupted(AsrtrainError):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM); what it finished is kept."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum  # as a shell reports a process ended by the signal
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the run unwinds the same way (``asrtrain.cli``)."""
+
+    signum = 15
+
+
+def interrupt_signal(error: BaseException) -> int | None:
+    """The signal number if ``error`` means the process was asked to stop, else None.
+
+    Ctrl-C is a KeyboardInterrupt; torchrun's launcher turns SIGTERM and SIGINT into its own
+    ``SignalException`` (it installs handlers while learners run and leaves them installed).
+    """
+    import signal
+
+    if isinstance(error, KeyboardInterrupt):
+        return int(getattr(error, "signum", signal.SIGINT))
+    if type(error).__name__ == "SignalException":
+        return int(getattr(error, "sigval", signal.SIGTERM))
+    return None

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import click
 
-from asrtrain import AsrtrainError, __version__
+from asrtrain import AsrtrainError, Interrupted, Terminated, __version__, interrupt_signal
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -16,15 +17,31 @@ def _setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
+def _sigterm(signum: int, frame) -> None:
+    raise Terminated  # unwinds like Ctrl-C: temporaries removed, finished work kept
+
+
 class _Group(click.Group):
-    """Turns AsrtrainError into a one-line message and exit status 1, without a traceback."""
+    """Turns AsrtrainError into a one-line message and its exit status (1, or 128 + the signal
+    for an interrupted run), without a traceback; SIGTERM is handled like Ctrl-C."""
 
     def invoke(self, ctx: click.Context):
+        signal.signal(signal.SIGTERM, _sigterm)
         try:
             return super().invoke(ctx)
+        except Interrupted as e:
+            click.echo(f"asrtrain: {e}", err=True)
+            sys.exit(e.exit_code)
         except AsrtrainError as e:
             click.echo(f"asrtrain: error: {e}", err=True)
-            sys.exit(1)
+            sys.exit(e.exit_code)
+        except BaseException as e:
+            signum = interrupt_signal(e)
+            if signum is None:
+                raise
+            click.echo(f"asrtrain: interrupted by {signal.Signals(signum).name}: what finished "
+                       "is kept; run the same command to resume", err=True)
+            sys.exit(128 + signum)
 
 
 @click.group(cls=_Group)
@@ -77,10 +94,15 @@ def train(config: str, verbose: bool) -> None:
 
     CONFIG is the resolved config.yaml the train stage writes in its output directory.
     """
+    from asrtrain.distributed.liveness import record_error
     from asrtrain.train.worker import run_learner
 
     _setup_logging(verbose)
-    run_learner(config)
+    try:
+        run_learner(config)
+    except BaseException as e:
+        record_error(e)
+        raise
 
 
 def _register() -> None:

@@ -61,3 +61,20 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def remove_temporaries(root: str | os.PathLike) -> int:
+    """Remove every ``*.tmp`` file or directory under ``root``; return how many.
+
+    Outputs are written under such names and renamed into place when complete, so one still
+    there is what a killed run (a full disk, ``kill -9``) left half-written. Call it only while
+    no one else writes under ``root`` (the pipeline holds the experiment's lock).
+    """
+    found = [p for p in Path(root).rglob("*.tmp")]
+    for p in sorted(found, key=lambda p: len(p.parts), reverse=True):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    return len(found)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,8 +28,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from asrtrain import AsrtrainError
-from asrtrain.fileio import write_text
+from asrtrain import AsrtrainError, Interrupted, interrupt_signal
+from asrtrain.fileio import remove_temporaries, write_text
 from asrtrain.recipe import Paths
 
 log = logging.getLogger("asrtrain")
@@ -50,6 +51,8 @@ class Stage:
     steps (e.g. ``trainer.epochs``: more epochs continue from the last checkpoint).
     ``check``: validates the config without touching disk; run for every stage that will run
     before any of them starts.
+    ``verify``: for a stage whose record is up to date, why its outputs cannot be trusted (e.g.
+    a model cut short after it was written), or None; a reason makes it run again, resuming.
     """
 
     name: str
@@ -60,6 +63,7 @@ class Stage:
     ignored: tuple[str, ...] = ()
     resumable: tuple[str, ...] = ()
     check: Callable[[DictConfig], None] | None = None
+    verify: Callable[[DictConfig, Paths], str | None] | None = None
 
 
 @dataclass
@@ -229,6 +233,8 @@ class Pipeline:
                 d.reasons.append("not done yet")
             elif record["digest"] != self.digests[name]:
                 d.reasons.extend(self._why_changed(name, record))
+            elif (bad := self._verify(name)) is not None:
+                d.reasons.append(bad)
             for r in self.stages[name].reads:
                 if r in decisions and decisions[r].run:
                     d.reasons = [x for x in d.reasons if x != f"{r} changed"]
@@ -242,6 +248,10 @@ class Pipeline:
             decisions[name] = d
         self._check_inputs_outside_range(decisions)
         return list(decisions.values())
+
+    def _verify(self, name: str) -> str | None:
+        verify = self.stages[name].verify
+        return verify(self.cfg, self.paths) if verify is not None else None
 
     @staticmethod
     def _fresh(d: Decision) -> bool:
@@ -274,6 +284,10 @@ class Pipeline:
 
     def check(self, decisions: Sequence[Decision]) -> None:
         """Validate the config of every stage that will run, before any of them starts."""
+        nj = self.cfg.get("nj", 1)
+        if isinstance(nj, bool) or not isinstance(nj, int) or nj < 1:
+            raise AsrtrainError(f"nj={nj!r}: the number of parallel jobs must be a whole number "
+                                "of at least 1")
         for d in decisions:
             check = self.stages[d.stage].check
             if d.run and d.in_range and check is not None:
@@ -325,6 +339,7 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     ran: list[str] = []
     t_all = time.time()
     with exp_lock(paths.exp):
+        _remove_temporaries(paths.exp, "left by a run that was killed")
         for d in decisions:
             if not d.in_range:
                 continue
@@ -336,7 +351,7 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             (paths.markers / d.stage).unlink(missing_ok=True)
             ctx = pipeline.context(d)
             t0 = time.time()
-            with _stage_log(paths.logs / f"{d.stage}.log"):
+            with _stage_log(paths.logs / f"{d.stage}.log"), _stage_failure(d.stage, paths.exp):
                 stage.run(ctx)
             pipeline.record(d.stage)
             log.info("stage %-13s done in %.1f s", d.stage, time.time() - t0)
@@ -349,13 +364,44 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     return ran
 
 
+def _remove_temporaries(exp: Path, why: str) -> None:
+    count = remove_temporaries(exp)
+    if count:
+        log.info("removed %d half-written temporary file(s) under %s (%s)", count, exp, why)
+
+
+@contextmanager
+def _stage_failure(name: str, exp: Path) -> Iterator[None]:
+    """Turn how a stage can end badly into one line naming the stage, and leave no half-written
+    temporaries behind: an interruption (Ctrl-C, SIGTERM) and an error writing a file (a full
+    disk, a read-only directory) are the user's to fix, not tracebacks."""
+    try:
+        yield
+    except BaseException as e:
+        _remove_temporaries(exp, f"stage {name} failed")
+        signum = interrupt_signal(e)
+        if signum is not None:
+            raise Interrupted(f"stage {name} interrupted by {signal.Signals(signum).name}: what "
+                              "finished is kept; run the same command to resume", signum) from e
+        if isinstance(e, OSError):
+            log.debug("stage %s failed", name, exc_info=True)
+            where = e.filename or "a file"
+            raise AsrtrainError(f"stage {name}: cannot write or read {where}: "
+                                f"{e.strerror or e}") from e
+        raise
+
+
 @contextmanager
 def exp_lock(exp: Path) -> Iterator[None]:
     """Hold an exclusive lock on the experiment directory: two runs on one ``exp`` dir would
     overwrite each other's outputs, so the second one stops and says who holds it."""
-    exp.mkdir(parents=True, exist_ok=True)
     path = exp / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        exp.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise AsrtrainError(f"{e.filename or exp}: cannot write the experiment directory: "
+                            f"{e.strerror}") from e
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -32,6 +32,7 @@ import torch
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.learner import build_backend
+from asrtrain.distributed.liveness import record_error
 from asrtrain.fileio import atomic_open, write_text
 
 
@@ -181,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as e:
         rank = os.environ.get("RANK", "0")
         write_text(Path(args.out) / f"error{rank}.txt", f"{type(e).__name__}: {e}\n")
+        record_error(e)  # for the launcher's message, as `asrtrain train` does
         raise
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from asrtrain import AsrtrainError
+from asrtrain import AsrtrainError, Interrupted
 from asrtrain.pipeline import Stage, StageContext, exp_lock, run_recipe
 
 READS = {"a": (), "b": ("a",), "c": ("b",), "d": ("a",)}
@@ -153,8 +153,9 @@ def test_inner_steps_resume_within_one_digest_only(tmp_path: Path) -> None:
         s = _stages([])
         return {**s, "b": Stage("b", run_b, ("a",), ("b",), "b", resumable=("b.die",))}
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="stage b interrupted by SIGINT") as e:
         run_recipe(_cfg(tmp_path, b={"y": 2, "die": True}), stages())
+    assert e.value.exit_code == 130
     assert done == ["one"]
     run_recipe(_cfg(tmp_path, b={"y": 2}), stages())
     assert done == ["one", "two", "three"]          # resumed at the step it was in

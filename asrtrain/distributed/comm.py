@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed.liveness import Liveness
+from asrtrain.distributed.liveness import Liveness, record_error
 
 T = TypeVar("T")
 
@@ -111,9 +111,12 @@ class Comm:
         cause = cause.split(". This is typically")[0]  # gloo's generic advice adds nothing
         msg = (f"rank {self.rank}: {what} failed: {culprit}. Underlying error: {cause}. "
                "Check that learner's log, then resume the run from its last checkpoint.")
+        error = AsrtrainError(msg)
         if self.liveness is not None:
             self.liveness.report_failure(msg)
-        return AsrtrainError(msg)
+            record_error(error)  # before the kill below makes the launcher stop everyone
+            self.liveness.fence_hung()
+        return error
 
     def guarded(self, what: str, fn: Callable[[], T]) -> T:
         """Run a blocking collective; turn a failure or timeout into an error naming the rank."""

@@ -10,11 +10,19 @@ default: :func:`asrtrain.distributed.comm.cpu_threads`).
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 from collections.abc import Sequence
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.comm import cpu_threads
+from asrtrain.distributed.liveness import LAUNCHER_ENV
+
+#: Seconds torchrun waits for learners to end after SIGTERM before it sends SIGKILL (its own
+#: default, 30 s, is long for a learner that only has to drop what it is doing: checkpoints are
+#: written atomically).
+SHUTDOWN_GRACE_S = 5
 
 
 def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
@@ -64,20 +72,51 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
 
     args = parse_args(torchrun_args(argv, learners, nnodes, node_rank, rdzv_endpoint, module,
                                     module_args, max_restarts, run_id))
-    saved = os.environ.get("OMP_NUM_THREADS")
     # Each learner also calls torch.set_num_threads (build_backend); this covers what runs first.
-    os.environ["OMP_NUM_THREADS"] = str(cpu_threads(threads))
+    env = {"OMP_NUM_THREADS": str(cpu_threads(threads)), LAUNCHER_ENV: str(os.getpid()),
+           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    # torchrun's agent logs each signal it sends and each exit it sees: the error raised here
+    # says what matters in one line.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         run(args)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        others = sorted(r for r in e.failures if r != rank)
-        raise AsrtrainError(
-            f"learner rank {rank} failed first (exit code {failure.exitcode}, pid {failure.pid})"
-            + (f"; ranks {others} were stopped after it" if others else "")
-            + ". Its error is in the log above; resume from the last checkpoint.") from e
+        raise AsrtrainError(failure_message(e)) from e
     finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def failure_message(error) -> str:
+    """One line for a failed group of learners: the one at fault, and what the others said.
+
+    A learner that fails writes its one-line error to torchrun's error file
+    (:func:`asrtrain.distributed.liveness.record_error`); one that was killed, or died without a
+    word, writes none and is the one at fault (the launcher's own SIGTERMs excepted). The first
+    learner that said something is quoted too: it names a learner that stopped answering, and
+    whether it was killed for it.
+    """
+    failures = error.failures
+    said = {r: f.message for r, f in failures.items()  # "<NONE>": torchrun's "no error file"
+            if isinstance(f.message, str) and f.error_file_data.get("message") != "<NONE>"}
+    # Learners the launcher stopped after the first failure end by its SIGTERM (or SIGINT).
+    stopped = (-signal.SIGTERM, -signal.SIGINT)
+    silent = sorted((f.exitcode in stopped, f.timestamp, r)
+                    for r, f in failures.items() if r not in said)
+    rank = silent[0][2] if silent else min((f.timestamp, r) for r, f in failures.items())[1]
+    failure = failures[rank]
+    what = said.get(rank) or failure.message
+    if what.startswith("To enable traceback"):
+        what = "it died without a word (its output is above)"
+    first = min(((failures[r].timestamp, r) for r in said if r != rank), default=None)
+    others = sorted(r for r in failures if r != rank)
+    return (f"learner rank {rank} failed first (exit code {failure.exitcode}, pid "
+            f"{failure.pid}): {what.strip()}"
+            + (f"; rank {first[1]} said: {said[first[1]].strip()}" if first else "")
+            + (f" [ranks {others} were stopped after it]" if others else "")
+            + "; resume with the same command")

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import Backend, SingleProcessBackend
 from asrtrain.distributed.comm import Comm, cpu_threads, group_backend, learner_device
-from asrtrain.distributed.liveness import Liveness
+from asrtrain.distributed.liveness import Liveness, die_with_launcher
 from asrtrain.distributed.registry import backend_class
 from asrtrain.train.config import TrainerConfig
 
@@ -37,6 +37,7 @@ def build_backend(trainer_cfg: TrainerConfig | Mapping | None) -> Backend:
     built as ``cls(comm, cfg)``. The learner takes :func:`cpu_threads` torch CPU threads.
     """
     cfg = TrainerConfig.from_config(trainer_cfg)
+    die_with_launcher()
     cls = backend_class(cfg.backend)  # an unknown backend fails before anyone waits for it
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)

@@ -8,12 +8,71 @@ peer records it, so only learners that went silent without a word are blamed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
+import signal
+import socket
+import sys
 import threading
 import time
 from datetime import timedelta
 
 import torch.distributed as dist
+
+from asrtrain import AsrtrainError
+
+#: The launcher's pid, set by :func:`asrtrain.distributed.launch.launch` for its learners.
+LAUNCHER_ENV = "ASRTRAIN_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def launcher_pid() -> int | None:
+    """The pid of the launcher that started this learner (None: not started by ``launch``)."""
+    value = os.environ.get(LAUNCHER_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def die_with_launcher() -> None:
+    """Make this learner end when its launcher ends, however it ends (``kill -9`` included).
+
+    Without it a learner whose launcher was killed is re-parented to init and trains on with
+    nobody to supervise it or record its result. The kernel's parent-death signal does it at once
+    (Linux); the heartbeat thread also checks the parent (:meth:`Liveness.start`), which covers
+    other systems and a launcher that died before this call.
+    """
+    launcher = launcher_pid()
+    if launcher is None:
+        return
+    # A learner has nothing to tidy up (checkpoints are written atomically): the launcher's
+    # SIGTERM or SIGINT ends it at once, even inside a collective, where a Python handler
+    # would wait for the collective to return.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != launcher:
+        raise AsrtrainError(f"the launcher (pid {launcher}) ended before this learner started")
+
+
+def record_error(error: BaseException) -> None:
+    """Write this learner's error, one line, where torchrun's launcher reads it.
+
+    :func:`asrtrain.distributed.launch.failure_message` then quotes it instead of pointing at
+    interleaved logs.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    text = str(error) if isinstance(error, AsrtrainError) else f"{type(error).__name__}: {error}"
+    line = (text.strip().splitlines() or [type(error).__name__])[0]
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as f:
+        json.dump({"message": line, "timestamp": int(time.time())}, f)
+
+
+def _orphaned(launcher: int | None) -> bool:
+    return launcher is not None and os.getppid() != launcher
 
 
 class Liveness:
@@ -27,6 +86,7 @@ class Liveness:
         self._host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self._port = int(os.environ.get("MASTER_PORT", "0"))
         self._stop = threading.Event()
+        self._hung: dict[int, int] = {}
         self._thread: threading.Thread | None = None
 
     def _client(self, timeout: float) -> dist.TCPStore:
@@ -36,10 +96,16 @@ class Liveness:
     def start(self) -> None:
         store = self._client(30.0)
         key = f"{self.prefix}/hb/{self.rank}"
+        store.set(f"{self.prefix}/pid/{self.rank}", f"{socket.gethostname()} {os.getpid()}")
         store.add(key, 1)
+        launcher = launcher_pid()
 
         def beat() -> None:
             while not self._stop.wait(self.interval):
+                if _orphaned(launcher):
+                    print(f"rank {self.rank}: the launcher (pid {launcher}) is gone: stopping",
+                          file=sys.stderr, flush=True)
+                    os._exit(143)
                 try:
                     store.add(key, 1)
                 except Exception:  # the store went away: nothing left to tell
@@ -57,7 +123,11 @@ class Liveness:
             self._client(5.0).set(f"{self.prefix}/failed/{self.rank}", message)
 
     def silent_ranks(self) -> str:
-        """Name the learners whose heartbeat stopped without a recorded failure of their own."""
+        """Name the learners whose heartbeat stopped without a recorded failure of their own.
+
+        Those of them still alive on this machine are hung: :meth:`fence_hung` kills them once
+        this learner has recorded its error.
+        """
         try:
             store = self._client(5.0)
             keys = [f"{self.prefix}/hb/{r}" for r in range(self.world_size)]
@@ -66,10 +136,40 @@ class Liveness:
             after = [store.add(k, 0) for k in keys]
             failed = {r for r in range(self.world_size)
                       if store.check([f"{self.prefix}/failed/{r}"])}
+            silent = [r for r in range(self.world_size)
+                      if after[r] == before[r] and r not in failed and r != self.rank]
+            self._hung = {r: pid for r in silent if (pid := self._local_pid(store, r))}
         except Exception as e:  # the store lives in the launcher or on rank 0
             return f"the rendezvous store is unreachable ({e}): rank 0 or the launcher died"
-        silent = [r for r in range(self.world_size)
-                  if after[r] == before[r] and r not in failed and r != self.rank]
         if not silent:
             return "every learner still has a heartbeat: one of them is hung or too slow"
-        return ", ".join(f"rank {r}" for r in silent) + " stopped (died or was killed)"
+        return ", ".join(
+            f"rank {r} " + ("stopped answering (hung: stopped or stuck), so it was killed"
+                            if r in self._hung else "stopped (died or was killed)")
+            for r in silent)
+
+    def _local_pid(self, store: dist.TCPStore, rank: int) -> int | None:
+        """The pid of learner ``rank`` if it runs on this machine and is alive (not a zombie)."""
+        host, _, pid = store.get(f"{self.prefix}/pid/{rank}").decode().partition(" ")
+        return int(pid) if host == socket.gethostname() and pid.isdigit() and _alive(pid) else None
+
+    def fence_hung(self) -> None:
+        """Kill the hung learners :meth:`silent_ranks` found on this machine.
+
+        A hung learner never answers the launcher's SIGTERM either (a stopped process keeps it
+        pending), so the run would wait out torchrun's 30 s grace before SIGKILL; killing it ends
+        the run ``timeout_s`` after it stopped answering, and its exit names it.
+        """
+        for pid in self._hung.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._hung = {}
+
+
+def _alive(pid: str) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux's /proc; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
