@@ -5,11 +5,15 @@ A model checkpoint (``train_dir/epoch-N.pt``, ``final.pt``) is a plain dict writ
 schema.  The trainer builds one per epoch (``ModelCheckpoint(...).to_dict()``); the decoders read
 them with :func:`load_model`, which checks the keys and names the file in every error.  See
 ``docs/architecture.md``, "Data flow: features and checkpoints".
+
+Every file :func:`save` writes gets a sha256 sidecar (:mod:`asrtrain.models.checksum`) that
+:func:`load` compares before unpickling, and a model's weights must be finite: a checkpoint cut
+short or altered after it was written is an error naming the file, not a NaN loss at step one.
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,31 +22,64 @@ from typing import Any
 import torch
 
 from asrtrain import AsrtrainError
+from asrtrain.fileio import atomic_open
+from asrtrain.models import checksum
 from asrtrain.models.blstm import BLSTM, build_model
 
 #: Keys every model checkpoint has.
 REQUIRED = ("model", "model_config", "input_dim", "output_dim", "features")
 
 
+class _Hashing:
+    """A writable file that hashes what goes through it (``torch.save`` writes in order)."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` through a temporary name, so a crash never leaves a torn checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` through a temporary name (synced), so a crash never leaves a torn
+    checkpoint, and the sha256 of its bytes beside it (recorded before the rename: a file under
+    its real name always has its checksum)."""
+    with atomic_open(path, "wb") as f:
+        out = _Hashing(f)
+        torch.save(obj, out)
+        checksum.write_sidecar(path, out.sha.hexdigest())
 
 
 def load(path: str | Path) -> dict:
-    """The dict saved at ``path`` (on the CPU)."""
+    """The dict saved at ``path`` (on the CPU), after checking it against its sha256.
+
+    Raises:
+        AsrtrainError: the file is missing, differs from its recorded checksum, or cannot be
+            unpickled (one line naming the file).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise AsrtrainError(f"{path}: no such checkpoint")
+    checksum.verify(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise AsrtrainError(f"{path}: cannot read the checkpoint ({e}); remove it to resume "
-                            "from the one before") from e
+        raise AsrtrainError(f"{path}: cannot read the checkpoint ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); rerun the recipe "
+                            "to redo it") from e
+
+
+def check_finite(state: Mapping[str, Any], where: str | Path) -> None:
+    """Raise naming ``where`` and the first weight that holds NaN or inf."""
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                raise AsrtrainError(f"{where}: weight {key!r} holds {bad} NaN or infinite "
+                                    f"value(s) of {value.numel()}: the checkpoint is unusable")
 
 
 @dataclass
@@ -124,6 +161,8 @@ class ModelCheckpoint:
         if ckpt.input_dim < 1 or ckpt.output_dim < 1:
             raise AsrtrainError(f"{where}: input_dim {ckpt.input_dim}, output_dim "
                                 f"{ckpt.output_dim}: expected positive sizes")
+        if isinstance(ckpt.model, Mapping):
+            check_finite(ckpt.model, where)
         return ckpt
 
     @classmethod

@@ -157,6 +157,9 @@ class TrainerConfig:
     (sgd), ``weight_decay``, ``grad_clip`` (max gradient norm; 0: none), the LR schedule
     (:class:`asrtrain.train.schedule.LRSchedule`: ``warmup_epochs``, ``warmup_start``,
     ``anneal_start_epoch``, ``anneal_factor``), ``log_every`` steps, ``spec_augment``.
+    Checkpoints: ``keep_checkpoints``, the epoch checkpoints kept (the last N, with the
+    learners' optimizer states; the best epoch's model by dev loss and ``final.pt`` are kept
+    besides; 0: every epoch).
     Data: CTC batches of ``batch_frames`` padded frames per learner, utterances of at most
     ``max_utt_frames``; frame CE (hybrid) batches of ``batch_chunks`` chunks of ``chunk`` frames,
     shuffled in blocks of ``block_utts`` utterances.
@@ -190,6 +193,7 @@ class TrainerConfig:
     anneal_start_epoch: float = _opt(6.0, _float(0.0))
     anneal_factor: float = _opt(0.7071, _float(0.0, 1.0, low_open=True))
     log_every: int = _opt(20, _int(1))
+    keep_checkpoints: int = _opt(2, _int(0))
     spec_augment: SpecAugment | None = _opt(None, _spec_augment)
     chunk: int = _opt(21, _int(1))
     batch_chunks: int = _opt(128, _int(1))
@@ -205,8 +209,18 @@ class TrainerConfig:
         """
         if isinstance(cfg, TrainerConfig):
             return cfg
-        out = cls(**_parse_fields(cls, cfg, "trainer"))
+        out = cls(**cls.check_section(cfg, "trainer"))
         if out.node_rank >= out.nnodes:
             raise _bad("trainer.node_rank", out.node_rank,
                        f"a node number below trainer.nnodes={out.nnodes}")
         return out
+
+    @classmethod
+    def check_section(cls, cfg: Mapping | None, prefix: str) -> dict[str, Any]:
+        """The checked values of a partial section (e.g. ``hybrid.trainer``, which overrides
+        ``trainer``), errors naming ``<prefix>.<key>``.
+
+        Raises:
+            AsrtrainError: as :meth:`from_config`, but without the checks across keys.
+        """
+        return _parse_fields(cls, cfg, prefix)

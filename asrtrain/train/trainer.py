@@ -5,8 +5,11 @@ Per step: forward, the task's loss (CTC, or frame CE on chunks), backward,
 synchronous backends), gradient clipping, ``backend.optimizer_step``, ``backend.after_step``.
 The learning rate follows the backend's count of samples seen by all learners. At the end of
 each epoch the consensus model (the average of the learners, after in-flight exchanges drained)
-is evaluated on the dev set by all learners together and checkpointed by learner 0. The trainer's
-settings are read from :class:`asrtrain.train.config.TrainerConfig` (defaults and checks there).
+is evaluated on the dev set by all learners together and checkpointed by learner 0, which then
+deletes the checkpoints ``trainer.keep_checkpoints`` no longer keeps. Learner 0 also writes the
+training curves (:mod:`asrtrain.train.curves`: TensorBoard events in the model dir, and
+``curves.png`` at the end). The trainer's settings are read from
+:class:`asrtrain.train.config.TrainerConfig` (defaults and checks there).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import copy
 import logging
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ from asrtrain.distributed.backend import Backend
 from asrtrain.models import build_model
 from asrtrain.train import checkpoint
 from asrtrain.train.config import SpecAugment, TrainerConfig
+from asrtrain.train.curves import Curves, plot_curves
 from asrtrain.train.schedule import LRSchedule
 from asrtrain.train.tasks import build_task
 
@@ -73,6 +78,36 @@ class _Run:
     optimizer: torch.optim.Optimizer
     gen: torch.Generator  # this learner's SpecAugment draws (saved with its optimizer)
     out_dir: Path
+    curves: Curves | None = None        # learner 0's event writer
+    gossip: _GossipMeter | None = None  # learner 0's gossip exchanges (adpsgd, hadpsgd)
+    dev_losses: dict[int, float] = field(default_factory=dict)  # learner 0: per epoch kept
+
+
+@dataclass
+class _GossipMeter:
+    """Learner 0's gossip exchanges between two points of the curves."""
+
+    count: Callable[[], int | None]
+    exchanges: int
+    step: int
+    time: float
+
+    @classmethod
+    def of(cls, backend: Backend, step: int) -> _GossipMeter | None:
+        """A meter when this learner gossips (``gossip_exchanges()`` is not None), else None."""
+        count = getattr(backend, "gossip_exchanges", None)
+        if count is None or count() is None:
+            return None
+        return cls(count, int(count()), step, time.monotonic())
+
+    def rates(self, step: int) -> dict[str, float]:
+        """Exchanges per second and per step since the last call."""
+        now, exchanges = time.monotonic(), int(self.count() or 0)
+        n = exchanges - self.exchanges
+        out = {"gossip/exchanges_per_s": n / max(now - self.time, 1e-9),
+               "gossip/exchanges_per_step": n / max(step - self.step, 1)}
+        self.exchanges, self.step, self.time = exchanges, step, now
+        return out
 
 
 @dataclass
@@ -106,35 +141,69 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
                  task.output_dim)
         log.info("%s; about %d steps per epoch per learner", task.describe(), per_epoch)
     step = start_epoch * per_epoch
-    for epoch in range(start_epoch + 1, tcfg.epochs + 1):
-        figures = _train_epoch(run, epoch, step, per_epoch, schedule)
-        step += figures.steps
-        _end_epoch(run, epoch, figures)
+    if backend.is_main:
+        run.curves = Curves(run.out_dir, step)
+        run.gossip = _GossipMeter.of(backend, step)
+    try:
+        for epoch in range(start_epoch + 1, tcfg.epochs + 1):
+            figures = _train_epoch(run, epoch, step, per_epoch, schedule)
+            step += figures.steps
+            _end_epoch(run, epoch, step, figures)
+    finally:
+        if run.curves is not None:
+            run.curves.close()
     final = run.out_dir / "final.pt"
     if backend.is_main:
         checkpoint.save(checkpoint.load(checkpoint.model_path(run.out_dir, tcfg.epochs)), final)
+        png = plot_curves(run.out_dir, run.out_dir / "curves.png",
+                          f"{cfg.model.name}: {backend.name}, {backend.world_size} learner(s)")
+        log.info("training curves: %s; tensorboard --logdir %s", png, run.out_dir.parent)
     return final
 
 
 def _resume(run: _Run) -> tuple[int, int]:
-    """Load the last checkpoint of ``run.out_dir`` if there is one: (its epoch, its samples)."""
-    start_epoch = checkpoint.latest_epoch(run.out_dir)
-    if not start_epoch:
+    """Load the last good checkpoint of ``run.out_dir`` if there is one (those cut short or
+    altered are skipped, with a warning): (its epoch, its samples)."""
+    _check_not_past(run.out_dir, run.tcfg.epochs)
+    start_epoch, ckpt = checkpoint.last_good_epoch(run.out_dir, run.tcfg.epochs)
+    if ckpt is None:
         return 0, 0
-    ckpt = checkpoint.load(checkpoint.model_path(run.out_dir, start_epoch))
-    run.model.load_state_dict(ckpt["model"])
-    opt_path = checkpoint.optimizer_path(run.out_dir, start_epoch, run.backend.rank)
-    if opt_path.is_file():
-        learner = checkpoint.load(opt_path)
-        if "optimizer" in learner:
-            run.optimizer.load_state_dict(learner["optimizer"])
-            run.gen.set_state(learner["spec_augment_rng"])
-        else:  # written before the SpecAugment state was kept: the optimizer state alone
-            run.optimizer.load_state_dict(learner)
+    run.model.load_state_dict(ckpt.model)
+    _load_learner_state(run, start_epoch)
     if run.backend.is_main:
         log.info("resuming after epoch %d from %s", start_epoch,
                  checkpoint.model_path(run.out_dir, start_epoch))
-    return start_epoch, int(ckpt["global_samples"])
+        if run.tcfg.keep_checkpoints:  # which kept one is the best
+            run.dev_losses = checkpoint.dev_losses(run.out_dir, start_epoch)
+    return start_epoch, int(ckpt.global_samples or 0)
+
+
+def _check_not_past(out_dir: Path, epochs: int) -> None:
+    """Fewer epochs than a run already trained can only stop at a kept epoch checkpoint."""
+    done = checkpoint.epochs(out_dir)
+    if done and done[-1] > epochs and epochs not in done:
+        raise AsrtrainError(
+            f"{out_dir}: trainer.epochs={epochs}, but this run trained {done[-1]} epochs and "
+            f"keeps no epoch-{epochs}.pt (trainer.keep_checkpoints); to train {epochs} epochs "
+            "afresh, add --force train (or --force train_hybrid)")
+
+
+def _load_learner_state(run: _Run, epoch: int) -> None:
+    """This learner's optimizer and SpecAugment states of ``epoch``, where they were kept and
+    read back whole (else the optimizer starts afresh, with a warning)."""
+    path = checkpoint.optimizer_path(run.out_dir, epoch, run.backend.rank)
+    if not path.is_file():
+        return
+    try:
+        learner = checkpoint.load(path)
+    except AsrtrainError as e:
+        log.warning("%s; this learner's optimizer state starts afresh", e)
+        return
+    if "optimizer" in learner:
+        run.optimizer.load_state_dict(learner["optimizer"])
+        run.gen.set_state(learner["spec_augment_rng"])
+    else:  # written before the SpecAugment state was kept: the optimizer state alone
+        run.optimizer.load_state_dict(learner)
 
 
 def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
@@ -173,15 +242,35 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
         if step % tcfg.log_every == 0:
             rate = frames / max(time.time() - t0, 1e-9)
             bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", fps=f"{rate:.0f}")
-            distance = backend.consensus_distance()
-            if backend.is_main:
-                log.info("epoch %d step %d: loss %.4f lr %.3e %.0f frames/s per learner, "
-                         "consensus distance %.2e", epoch, step, loss_value, lr, rate, distance)
+            _log_point(run, epoch, step, loss_value, lr, rate)
     bar.close()
     return _Epoch(steps, frames, loss_sum, time.time() - t0)
 
 
-def _end_epoch(run: _Run, epoch: int, figures: _Epoch) -> None:
+def _log_point(run: _Run, epoch: int, step: int, loss: float, lr: float, rate: float) -> None:
+    """Every ``log_every`` steps (collective): the log line and a point of every step curve."""
+    backend = run.backend
+    distance = backend.consensus_distance()
+    # Each learner's rate under its own key: the mean of the others' zeros times the learners.
+    shared = backend.reduce_mean({"loss": loss, **{
+        f"rate{r}": rate if r == backend.rank else 0.0 for r in range(backend.world_size)}})
+    if not backend.is_main:
+        return
+    rates = [shared[f"rate{r}"] * backend.world_size for r in range(backend.world_size)]
+    mean_rate = sum(rates) / len(rates)
+    scalars = {"loss/train": shared["loss"], "lr": lr, "frames_per_s/mean": mean_rate,
+               **{f"frames_per_s/learner_{r}": v for r, v in enumerate(rates)}}
+    if run.gossip is not None:
+        scalars.update({"consensus/distance": distance, **run.gossip.rates(step)})
+    log.info("epoch %d step %d: loss %.4f lr %.3e %.0f frames/s per learner, consensus "
+             "distance %.2e%s", epoch, step, shared["loss"], lr, mean_rate, distance,
+             f", {scalars['gossip/exchanges_per_s']:.1f} gossip exchanges/s"
+             if run.gossip is not None else "")
+    if run.curves is not None:
+        run.curves.add(step, scalars)
+
+
+def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
     """Evaluate the consensus model on the dev set (all learners) and write the checkpoints."""
     backend, task = run.backend, run.task
     state = backend.consensus()
@@ -192,20 +281,46 @@ def _end_epoch(run: _Run, epoch: int, figures: _Epoch) -> None:
     del dev_model
     sums.update(train_loss=figures.loss_sum, train_steps=figures.steps,
                 frames_per_second=figures.frames / max(figures.seconds, 1e-9))
+    # Every learner writes its state before the collective below: once learner 0 is past it,
+    # this epoch is on disk whole, and older checkpoints may go.
+    checkpoint.save({"optimizer": run.optimizer.state_dict(),
+                     "spec_augment_rng": run.gen.get_state()},
+                    checkpoint.optimizer_path(run.out_dir, epoch, backend.rank))
     means = backend.reduce_mean(sums)
     summary = {"epoch": epoch, "train_loss": means["train_loss"] / max(means["train_steps"], 1),
                **task.summarize(means),
                "frames_per_second_per_learner": means["frames_per_second"],
                "epoch_seconds": figures.seconds, "global_samples": backend.global_samples()}
-    checkpoint.save({"optimizer": run.optimizer.state_dict(),
-                     "spec_augment_rng": run.gen.get_state()},
-                    checkpoint.optimizer_path(run.out_dir, epoch, backend.rank))
     if backend.is_main:
         task.model_checkpoint(run.cfg, state, epoch=epoch,
                               global_samples=backend.global_samples(),
                               metrics=summary).save(checkpoint.model_path(run.out_dir, epoch))
         log.info("epoch %d: %s", epoch, ", ".join(
             f"{k} {v:.4g}" for k, v in summary.items() if k != "epoch"))
+        _keep_checkpoints(run, epoch, summary["dev_loss"])
+        _epoch_curves(run, step, summary)
+
+
+def _keep_checkpoints(run: _Run, epoch: int, dev_loss: float) -> None:
+    """Delete the checkpoints ``trainer.keep_checkpoints`` no longer keeps (learner 0)."""
+    run.dev_losses[epoch] = dev_loss
+    best = min(run.dev_losses, key=lambda e: (run.dev_losses[e], e))
+    removed = checkpoint.prune(run.out_dir, run.tcfg.keep_checkpoints, epoch, best)
+    if removed:
+        log.info("removed %d checkpoint file(s) of epochs before %d (kept: the last %d epochs, "
+                 "the best by dev loss, epoch %d)", len(removed), epoch, run.tcfg.keep_checkpoints,
+                 best)
+
+
+def _epoch_curves(run: _Run, step: int, summary: dict[str, float]) -> None:
+    """The epoch's points of the curves: dev loss and metric, the epoch's train loss."""
+    if run.curves is None:
+        return
+    dev = {f"dev/{k[len('dev_'):]}": v for k, v in summary.items()
+           if k.startswith("dev_") and k != "dev_loss"}
+    run.curves.add(step, {"loss/dev": summary["dev_loss"],
+                          "loss/train_epoch": summary["train_loss"], **dev})
+    run.curves.flush()
 
 
 def _batch_names(batch) -> str:

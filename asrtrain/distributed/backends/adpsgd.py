@@ -57,6 +57,11 @@ class ADPSGDBackend(DistributedBackend):
     def global_samples(self) -> int:
         return self.start_samples + self._gossip().global_samples()
 
+    def gossip_exchanges(self) -> int | None:
+        """Pairwise exchanges this learner's gossip finished (None: it does not gossip); read
+        for the training curves' gossip rate."""
+        return self.gossip.exchanges if self.gossip is not None else None
+
     def drain(self) -> None:
         drain_gossip(self.comm, self._gossip())
 

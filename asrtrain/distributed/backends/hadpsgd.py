@@ -133,6 +133,11 @@ class HADPSGDBackend(DistributedBackend):
         if self.gossip is not None:
             self.gossip.release()
 
+    def gossip_exchanges(self) -> int | None:
+        """Pairwise exchanges this learner's gossip finished (None: it does not gossip); read
+        for the training curves' gossip rate."""
+        return self.gossip.exchanges if self.gossip is not None else None
+
     def stop(self) -> None:
         if self.gossip is not None:
             self.gossip.shutdown()

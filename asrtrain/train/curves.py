@@ -1,0 +1,124 @@
+"""Training curves: TensorBoard event files in the model dir, and the same curves as a PNG.
+
+Learner 0 writes the events into ``train/<model>/`` itself, so each training run is one
+TensorBoard run and ``tensorboard --logdir exp/<recipe>/train`` shows every model side by side
+(a run moved aside by a fresh start, ``<model>.before-<time>``, shows as its own run). The x axis
+is learner 0's step. A resumed run opens its writer with ``purge_step`` just past the step it
+resumes from (that step's epoch points are kept), so what a killed run wrote after its last
+checkpoint is dropped, not drawn twice.
+
+Tags (scalars): ``loss/train`` (mean over learners, every ``log_every`` steps), ``loss/dev`` and
+``loss/train_epoch`` (per epoch), ``dev/frame_accuracy`` (hybrid) or ``dev/unit_error_rate``
+(CTC), ``lr``, ``frames_per_s/mean`` and ``frames_per_s/learner_<rank>`` (per learner, this
+epoch so far), and for the gossiping backends ``consensus/distance`` (mean over learners of
+``||x_i - x_bar|| / ||x_bar||``) and ``gossip/exchanges_per_s``, ``gossip/exchanges_per_step``
+(learner 0's pairwise exchanges since the last point). At the end of training
+:func:`plot_curves` reads the event files back and draws them into ``curves.png`` for people
+without TensorBoard.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from asrtrain import AsrtrainError
+from asrtrain.fileio import atomic_open
+
+log = logging.getLogger(__name__)
+
+#: The PNG's panels: a title and the tag prefixes drawn in it (empty panels are left out).
+PANELS = (("loss", ("loss/",)), ("dev set", ("dev/",)), ("learning rate", ("lr",)),
+          ("frames/s per learner", ("frames_per_s/",)),
+          ("consensus distance", ("consensus/",)),
+          ("gossip exchanges/s", ("gossip/exchanges_per_s",)),
+          ("gossip exchanges per step", ("gossip/exchanges_per_step",)))
+
+
+class Curves:
+    """Learner 0's event writer for one training run in ``run_dir``."""
+
+    def __init__(self, run_dir: str | Path, start_step: int) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise AsrtrainError(f"tensorboard is not installed ({e}): pip install -e . "
+                                "installs it") from e
+        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1, flush_secs=30)
+
+    def add(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Write ``scalars`` ({tag: value}) at ``step``; non-finite values are left out."""
+        for tag, value in scalars.items():
+            if math.isfinite(value):
+                self.writer.add_scalar(tag, value, step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve of the event files in ``run_dir``: {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import (
+        SCALARS,
+        EventAccumulator,
+    )
+
+    acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})  # 0: keep every point
+    quiet = logging.getLogger("tensorboard")  # it logs each file it reads and each purge
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        acc.Reload()
+    finally:
+        quiet.setLevel(level)
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+            for tag in acc.Tags()["scalars"]}
+
+
+def plot_curves(run_dir: str | Path, png: str | Path, title: str = "") -> Path | None:
+    """Draw the curves of ``run_dir``'s event files into ``png`` (atomically); None if there
+    are none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = read_scalars(run_dir)
+    panels = [(name, {t: v for t, v in sorted(curves.items()) if t.startswith(prefixes)})
+              for name, prefixes in PANELS]
+    panels = [(name, tags) for name, tags in panels if tags]
+    if not panels:
+        return None
+    rows = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 3.2 * rows), squeeze=False)
+    for ax, (name, tags) in zip(axes.flat, panels, strict=False):
+        _draw(ax, name, tags)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_open(png, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return Path(png)
+
+
+def _draw(ax, name: str, tags: Mapping[str, list[tuple[int, float]]]) -> None:
+    for tag, points in tags.items():
+        steps, values = zip(*points, strict=True)
+        ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3,
+                label=tag)
+    if name == "consensus distance" and all(
+            v > 0 for points in tags.values() for _, v in points):
+        ax.set_yscale("log")
+    ax.set_title(name)
+    ax.set_xlabel("step (learner 0)")
+    ax.grid(alpha=0.3)
+    if len(tags) <= 10:  # one line per learner of a large run needs no legend of its own
+        ax.legend(fontsize=7)
