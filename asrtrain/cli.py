@@ -111,6 +111,7 @@ def _register() -> None:
 
     main.add_command(score_command, "score")
     main.add_command(topology_command, "topology")
+    main.add_command(__import__("asrtrain.transcribe").transcribe.transcribe_command, "transcribe")
 
 
 _register()
