@@ -217,7 +217,7 @@ def _user_dir(tmp_path: Path, rate: int) -> Path:
 
 def test_datadir_wrong_rate_missing_audio_missing_text(tmp_path):
     d = _user_dir(tmp_path, 16000)
-    with pytest.raises(AsrtrainError, match=r"mine/wav.scp: recording rec1 is at 16000 Hz, "
+    with pytest.raises(AsrtrainError, match=r"mine/wav.scp:1: recording rec1 is at 16000 Hz, "
                                             r"expected 8000 Hz"):
         prepare_datadir({"train": d}, sample_rate=8000, resample=False)
     assert prepare_datadir({"train": d}, sample_rate=8000, resample=True).sets["train"].utts == [
@@ -233,7 +233,7 @@ def test_datadir_wrong_rate_missing_audio_missing_text(tmp_path):
 def test_datadir_bad_tables(tmp_path):
     d = _user_dir(tmp_path, 8000)
     (d / "utt2spk").write_text("spk1-u1 spk1\nspk1-u2 spk1\nspk1-u3 spk1\n")
-    with pytest.raises(AsrtrainError, match=r"mine/utt2spk: utterance spk1-u3 has no transcript"):
+    with pytest.raises(AsrtrainError, match=r"mine/utt2spk:3: utterance spk1-u3 has no transcript"):
         prepare_datadir({"train": d}, sample_rate=8000)
     with pytest.raises(AsrtrainError, match=r"notadir: data dir for set dev not found"):
         prepare_datadir({"dev": tmp_path / "notadir"}, sample_rate=8000)

@@ -17,16 +17,17 @@ def test_read_write_roundtrip(datadir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("breakage, message", [
-    (lambda d: (d / "text").write_text((d / "text").read_text() + "ghost-utt hi\n"),
-     "ghost-utt is not in utt2spk"),
+    (lambda d: (d / "text").write_text((d / "text").read_text() + "spk9-ghost hi\n"),
+     "text:7: utterance spk9-ghost is not in utt2spk"),
     (lambda d: (d / "text").write_text("spk0-utt0\n" + "".join(
         (d / "text").read_text().splitlines(True)[1:])), "empty transcript"),
     (lambda d: (d / "wav.scp").write_text("".join(
-        (d / "wav.scp").read_text().splitlines(True)[1:])), "spk0-utt0 has no audio"),
+        (d / "wav.scp").read_text().splitlines(True)[1:])),
+     "utt2spk:1: utterance spk0-utt0 has no audio"),
     (lambda d: (d / "utt2spk").unlink(), "utt2spk: missing"),
     (lambda d: (d / "segments").write_text("spk0-utt0 spk0-utt0 0.5\n"), "segments:1"),
     (lambda d: (d / "utt2spk").write_text((d / "utt2spk").read_text() + "spk0-utt0 spk0\n"),
-     "utt2spk:7: duplicate key"),
+     "utt2spk:7: duplicate key spk0-utt0 \\(first on line 1\\)"),
 ])
 def test_validation_names_file_and_line(datadir: Path, breakage, message: str) -> None:
     breakage(datadir)

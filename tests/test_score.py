@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from asrtrain import AsrtrainError
+from asrtrain.cli import main
 from asrtrain.score import counts_json, report_wer, score_decode, score_hub5, wer_counts
 from asrtrain.score.align import Counts, align_words
 from asrtrain.score.command import score_command
@@ -300,9 +301,11 @@ def test_score_command(tmp_path: Path) -> None:
                                                 str(GLM), "--out", str(out), "--no-filter"])
     assert result.exit_code == 0, result.output
     assert [x for x in result.output.splitlines() if "Sum/Avg" in x][0].split()[10] == "20.0"
-    bad = CliRunner().invoke(score_command, ["--stm", str(tmp_path / "missing.stm"), "--ctm",
-                                             str(ctm), "--out", str(out)])
-    assert bad.exit_code != 0 and "does not exist" in bad.output
+    # Through the asrtrain command, whose one-line error this is.
+    bad = CliRunner().invoke(main, ["score", "--stm", str(tmp_path / "missing.stm"), "--ctm",
+                                    str(ctm), "--out", str(out)])
+    assert bad.exit_code == 1 and bad.output.startswith("asrtrain: error: STM file ")
+    assert "missing.stm does not exist" in bad.output and "Traceback" not in bad.output
 
 
 @pytest.mark.timeout(120)

@@ -19,9 +19,11 @@ import io
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,23 +54,147 @@ def _decode_wav_bytes(data: bytes, what: str) -> tuple[np.ndarray, int]:
     return samples, rate
 
 
+@dataclass(frozen=True)
+class AudioHeader:
+    """What an audio file's header declares: rate, channels and (when it says) its length."""
+
+    rate: int
+    channels: int
+    frames: int | None
+
+
+#: WAV data sizes that writers use when they cannot seek back (a pipe): the length is unknown.
+_STREAMING_SIZES = (0, 0xFFFFFFFF)
+_STREAMING_MIN = 0x7FFF0000
+
+
+#: The largest SPHERE header read (real ones are 1024 bytes; a garbage size must not fill memory).
+_MAX_SPHERE_HEADER = 1 << 20
+
+
+def _is_sphere(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(_SPHERE_MAGIC)) == _SPHERE_MAGIC
+
+
+def _sphere_header(path: Path):
+    import desphere
+
+    with open(path, "rb") as f:
+        head = f.read(1024)
+        parts = head.split(b"\n", 2)
+        if len(parts) > 1 and parts[1].strip().isdigit() and int(parts[1]) > len(head):
+            head += f.read(min(int(parts[1]), _MAX_SPHERE_HEADER) - len(head))
+    try:
+        header = desphere.SphereHeader.parse(head)
+        for name in ("sample_count", "sample_rate", "channel_count", "sample_n_bytes"):
+            if getattr(header, name) <= 0 and name != "sample_count":
+                raise ValueError(f"{name} {getattr(header, name)}")
+    except desphere.DesphereError as e:
+        raise AsrtrainError(f"{path}: bad NIST SPHERE header ({e})") from None
+    except KeyError as e:
+        raise AsrtrainError(f"{path}: bad NIST SPHERE header (no {e.args[0]} field)") from None
+    except (TypeError, ValueError) as e:
+        raise AsrtrainError(f"{path}: bad NIST SPHERE header ({e})") from None
+    return header
+
+
+def _truncated(path: Path, declared: int, held: int) -> AsrtrainError:
+    return AsrtrainError(f"{path}: header says {declared} samples, file holds {held} (truncated)")
+
+
+def _is_shorten(header) -> bool:
+    return "shorten" in header.sample_coding.lower()
+
+
+def _check_sphere(path: Path):
+    """A SPHERE header, and for uncompressed codings its sample count against the file size
+    (shorten-compressed files are checked once decoded, in :func:`_read_sphere`)."""
+    header = _sphere_header(path)
+    frame_bytes = header.channel_count * header.sample_n_bytes
+    if not _is_shorten(header) and frame_bytes > 0:
+        held = (path.stat().st_size - header.header_size) // frame_bytes
+        if held < header.sample_count:
+            raise _truncated(path, header.sample_count, held)
+    return header
+
+
+def _wav_declared_frames(path: Path) -> tuple[int, int] | None:
+    """``(frames the 'data' chunk declares, frames the file holds)`` of a RIFF WAV file, or None
+    when it is not one or its writer could not say (streaming sizes)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        riff = f.read(12)
+        if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
+            return None
+        block_align = 0
+        while True:
+            chunk = f.read(8)
+            if len(chunk) < 8:
+                return None
+            name, length = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+            if name == b"fmt ":
+                fmt = f.read(length + (length & 1))
+                block_align = struct.unpack("<H", fmt[12:14])[0] if len(fmt) >= 14 else 0
+            elif name == b"data":
+                if block_align == 0 or length in _STREAMING_SIZES or length >= _STREAMING_MIN:
+                    return None
+                return length // block_align, (size - f.tell()) // block_align
+            else:
+                f.seek(length + (length & 1), os.SEEK_CUR)
+
+
+def check_audio_file(path: str | Path) -> AudioHeader:
+    """The header of the plain audio file ``path``, checked before any sample is decoded.
+
+    A missing file, a header that cannot be parsed and a file shorter than its header says
+    (SPHERE ``sample_count``, a WAV ``data`` chunk) are errors naming the file: a truncated copy
+    would otherwise surface later as a segment "past the end" of its recording.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AsrtrainError(f"{path}: audio file not found")
+    if _is_sphere(path):
+        header = _check_sphere(path)
+        return AudioHeader(header.sample_rate, header.channel_count, header.sample_count)
+    try:
+        info = soundfile.info(str(path))
+    except (soundfile.LibsndfileError, RuntimeError) as e:
+        raise AsrtrainError(f"{path}: not an audio file soundfile can read ({e})") from None
+    frames = _wav_declared_frames(path)
+    if frames is not None and frames[1] < frames[0]:
+        raise _truncated(path, *frames)
+    return AudioHeader(int(info.samplerate), int(info.channels),
+                       frames[0] if frames is not None else None)
+
+
 def _read_sphere(path: Path) -> tuple[np.ndarray, int]:
     import desphere
 
-    raw = path.read_bytes()
-    try:
-        header = desphere.SphereHeader.parse(raw)
-    except desphere.DesphereError as e:
-        raise AsrtrainError(f"{path}: bad NIST SPHERE header ({e})") from None
-    if "shorten" not in header.sample_coding.lower():
+    header = _check_sphere(path)
+    if not _is_shorten(header):
         # PCM, mu-law and a-law SPHERE: libsndfile decodes these directly (and faster).
         samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
         return samples, rate
     try:
-        wav = desphere.transcode_bytes(raw)
+        wav = desphere.transcode_bytes(path.read_bytes())
     except desphere.DesphereError as e:
         raise AsrtrainError(f"{path}: cannot decode shorten-compressed SPHERE ({e})") from None
-    return _decode_wav_bytes(wav, str(path))
+    samples, rate = _decode_wav_bytes(wav, str(path))
+    if samples.shape[0] < header.sample_count:
+        raise _truncated(path, header.sample_count, samples.shape[0])
+    return samples, rate
+
+
+def _read_file(path: Path) -> tuple[np.ndarray, int]:
+    """A plain audio file (its header checked first: a truncated file is named as such)."""
+    check_audio_file(path)
+    if _is_sphere(path):
+        return _read_sphere(path)
+    try:
+        return soundfile.read(path, dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError) as e:
+        raise AsrtrainError(f"{path}: not an audio file soundfile can read ({e})") from None
 
 
 def _sphere_side(command: str) -> tuple[Path, int] | None:
@@ -139,18 +265,7 @@ def read_recording(spec: str) -> tuple[np.ndarray, int]:
         else:
             samples, rate = run_pipe(command)
     else:
-        path = Path(spec)
-        if not path.is_file():
-            raise AsrtrainError(f"{path}: audio file not found")
-        with open(path, "rb") as f:
-            magic = f.read(len(_SPHERE_MAGIC))
-        if magic == _SPHERE_MAGIC:
-            samples, rate = _read_sphere(path)
-        else:
-            try:
-                samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-            except (soundfile.LibsndfileError, RuntimeError) as e:
-                raise AsrtrainError(f"{path}: not an audio file soundfile can read ({e})") from None
+        samples, rate = _read_file(Path(spec))
     # soundfile scales int16 by 1/32768, so this gives back the exact integers for 16-bit audio.
     return np.ascontiguousarray(samples.T * 32768.0, dtype=np.float32), int(rate)
 

@@ -12,10 +12,13 @@ A data dir holds one file per relation, each sorted by its first field (``LC_ALL
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrtrain import AsrtrainError
+from asrtrain.data.textfile import utf8_lines
 from asrtrain.fileio import atomic_open
 
 TABLES = ("wav.scp", "segments", "text", "utt2spk", "spk2utt", "reco2file_and_channel",
@@ -43,6 +46,8 @@ class DataDir:
     feats: dict[str, str] = field(default_factory=dict)
     cmvn: dict[str, str] = field(default_factory=dict)
     utt2num_frames: dict[str, int] = field(default_factory=dict)
+    #: table name -> key -> line number, for tables read from disk: errors name the line.
+    lines: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
     # ---------------------------------------------------------------- derived views
     @property
@@ -59,7 +64,13 @@ class DataDir:
     # ---------------------------------------------------------------- reading
     @classmethod
     def read(cls, path: str | Path, validate: bool = True) -> DataDir:
-        """Read the data dir at ``path``; raise :class:`AsrtrainError` naming the bad file/line."""
+        """Read the data dir at ``path``; raise :class:`AsrtrainError` naming the bad file/line.
+
+        The tables a user may bring (``wav.scp text utt2spk spk2utt segments
+        reco2file_and_channel``) must be sorted and free of repeated keys, as Kaldi's
+        ``utils/validate_data_dir.sh`` demands: a repeated key would silently keep one of two
+        lines (an utterance trained on the wrong audio, or with the wrong words).
+        """
         path = Path(path)
         if not path.is_dir():
             raise AsrtrainError(f"{path}: not a data directory (does the stage before ran?)")
@@ -68,28 +79,20 @@ class DataDir:
             if not (path / name).is_file():
                 raise AsrtrainError(
                     f"{path / name}: missing; a data dir needs wav.scp, text, utt2spk")
-        d.wav = read_table(path / "wav.scp")
-        d.text = read_table(path / "text", allow_empty_value=True)
-        d.utt2spk = read_table(path / "utt2spk")
+        d.wav = d._read_sorted(path, "wav.scp")
+        d.text = d._read_sorted(path, "text", allow_empty_value=True)
+        d.utt2spk = d._read_sorted(path, "utt2spk")
         if (path / "segments").is_file():
-            for lineno, key, value in _lines(path / "segments"):
-                parts = value.split()
-                try:
-                    reco, start, end = parts[0], float(parts[1]), float(parts[2])
-                    if len(parts) != 3:
-                        raise ValueError
-                except (ValueError, IndexError):
-                    raise AsrtrainError(
-                        f"{path / 'segments'}:{lineno}: expected '<utt> <recording> <start> <end>'"
-                    ) from None
-                d.segments[key] = Segment(reco, start, end)
+            d.segments = {utt: _segment(path / "segments", d.lines["segments"][utt], value)
+                          for utt, value in d._read_sorted(path, "segments").items()}
         if (path / "reco2file_and_channel").is_file():
-            for lineno, key, value in _lines(path / "reco2file_and_channel"):
+            for reco, value in d._read_sorted(path, "reco2file_and_channel").items():
                 parts = value.split()
                 if len(parts) != 2:
-                    raise AsrtrainError(f"{path / 'reco2file_and_channel'}:{lineno}: expected "
-                                        "'<recording> <file> <channel>'")
-                d.reco2file_and_channel[key] = (parts[0], parts[1])
+                    raise AsrtrainError(
+                        f"{path / 'reco2file_and_channel'}:{d.lines['reco2file_and_channel'][reco]}"
+                        ": expected '<recording> <file> <channel>'")
+                d.reco2file_and_channel[reco] = (parts[0], parts[1])
         if (path / "feats.scp").is_file():
             d.feats = read_table(path / "feats.scp")
         if (path / "cmvn.scp").is_file():
@@ -103,43 +106,34 @@ class DataDir:
                         f"{path / 'utt2num_frames'}:{lineno}: not an integer: {value!r}") from None
         if validate:
             d.validate(path)
+            if (path / "spk2utt").is_file():
+                check_spk2utt(path / "spk2utt", d)
         return d
+
+    def _read_sorted(self, path: Path, name: str, allow_empty_value: bool = False
+                     ) -> dict[str, str]:
+        """Table ``name`` of the dir ``path``, its line numbers kept in ``self.lines``."""
+        table, self.lines[name] = read_keyed(path / name, allow_empty_value, sorted_keys=True)
+        return table
+
+    def _at(self, where: Path, name: str, key: str) -> str:
+        """``<dir>/<table>:<line>`` of ``key`` when the table was read from disk."""
+        line = self.lines.get(name, {}).get(key)
+        return f"{where}/{name}:{line}" if line else f"{where}/{name}"
 
     # ---------------------------------------------------------------- checking
     def validate(self, where: str | Path = "<data dir>") -> None:
         """Check the relations between tables, as Kaldi's validate_data_dir.sh does."""
         where = Path(where)
-        if not self.utt2spk:
-            raise AsrtrainError(f"{where}/utt2spk: no utterances")
-        for utt, words in self.text.items():
-            if utt not in self.utt2spk:
-                raise AsrtrainError(f"{where}/text: utterance {utt} is not in utt2spk")
-            if not words.strip():
-                raise AsrtrainError(f"{where}/text: utterance {utt} has an empty transcript")
-        for utt in self.utt2spk:
-            if self.text and utt not in self.text:
-                raise AsrtrainError(f"{where}/utt2spk: utterance {utt} has no transcript in text")
+        self._check_speakers(where)
+        self._check_text(where)
         if self.segments:
-            for utt in self.utt2spk:
-                seg = self.segments.get(utt)
-                if seg is None:
-                    raise AsrtrainError(f"{where}/segments: utterance {utt} has no segment")
-                if seg.recording not in self.wav:
-                    raise AsrtrainError(f"{where}/segments: utterance {utt} refers to recording "
-                                        f"{seg.recording}, which is not in wav.scp")
-                if not (0 <= seg.start < seg.end):
-                    raise AsrtrainError(f"{where}/segments: utterance {utt} has start {seg.start} "
-                                        f"and end {seg.end}")
+            self._check_segments(where)
         else:
             for utt in self.utt2spk:
                 if utt not in self.wav:
-                    raise AsrtrainError(f"{where}/wav.scp: utterance {utt} has no audio "
-                                        "(and there is no segments file)")
-        for utt in self.utt2spk:
-            if not utt.startswith(self.utt2spk[utt]):
-                raise AsrtrainError(
-                    f"{where}/utt2spk: utterance {utt} does not start with its speaker id "
-                    f"{self.utt2spk[utt]} (Kaldi sorts utterances by speaker; prefix them)")
+                    raise AsrtrainError(f"{self._at(where, 'utt2spk', utt)}: utterance {utt} "
+                                        "has no audio in wav.scp (and there is no segments file)")
         for name, table in (("feats.scp", self.feats), ("utt2num_frames", self.utt2num_frames)):
             if table:
                 missing = [u for u in self.utt2spk if u not in table]
@@ -150,6 +144,48 @@ class DataDir:
             for spk in self.spk2utt:
                 if spk not in self.cmvn:
                     raise AsrtrainError(f"{where}/cmvn.scp: speaker {spk} missing")
+
+    def _check_speakers(self, where: Path) -> None:
+        if not self.utt2spk:
+            raise AsrtrainError(f"{where}/utt2spk: no utterances")
+        for utt, spk in self.utt2spk.items():
+            if len(spk.split()) != 1:
+                raise AsrtrainError(f"{self._at(where, 'utt2spk', utt)}: utterance {utt} has "
+                                    f"speaker {spk!r}; expected '<utterance> <speaker>'")
+            if not utt.startswith(spk):
+                raise AsrtrainError(
+                    f"{self._at(where, 'utt2spk', utt)}: utterance {utt} does not start with its "
+                    f"speaker id {spk} (Kaldi sorts utterances by speaker; prefix them)")
+
+    def _check_text(self, where: Path) -> None:
+        if not self.text:
+            raise AsrtrainError(f"{where}/text: no transcripts (the file is empty); every "
+                                "utterance in utt2spk needs one")
+        for utt, words in self.text.items():
+            if utt not in self.utt2spk:
+                raise AsrtrainError(
+                    f"{self._at(where, 'text', utt)}: utterance {utt} is not in utt2spk")
+            if not words.strip():
+                raise AsrtrainError(
+                    f"{self._at(where, 'text', utt)}: utterance {utt} has an empty transcript")
+        for utt in self.utt2spk:
+            if utt not in self.text:
+                raise AsrtrainError(f"{self._at(where, 'utt2spk', utt)}: utterance {utt} has no "
+                                    "transcript in text")
+
+    def _check_segments(self, where: Path) -> None:
+        for utt in self.utt2spk:
+            seg = self.segments.get(utt)
+            if seg is None:
+                raise AsrtrainError(f"{self._at(where, 'utt2spk', utt)}: utterance {utt} has no "
+                                    "line in segments")
+            at = self._at(where, "segments", utt)
+            if seg.recording not in self.wav:
+                raise AsrtrainError(f"{at}: utterance {utt} refers to recording "
+                                    f"{seg.recording}, which is not in wav.scp")
+            if not (0 <= seg.start < seg.end):
+                raise AsrtrainError(f"{at}: utterance {utt} has start {seg.start} "
+                                    f"and end {seg.end}")
 
     # ---------------------------------------------------------------- writing
     def write(self, path: str | Path) -> None:
@@ -210,27 +246,87 @@ class DataDir:
         return d
 
 
-def _lines(path: Path):
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            key, _, value = line.strip().partition(" ")
-            yield lineno, key, value.strip()
+def _lines(path: Path) -> Iterator[tuple[int, str, str]]:
+    """``(line number, key, value)`` of every non-blank line; the key ends at the first white
+    space, as Kaldi's table readers split."""
+    for lineno, line in utf8_lines(path):
+        parts = line.split(maxsplit=1)
+        if parts:
+            yield lineno, parts[0], parts[1].strip() if len(parts) > 1 else ""
+
+
+def read_keyed(path: str | Path, allow_empty_value: bool = False, sorted_keys: bool = False
+               ) -> tuple[dict[str, str], dict[str, int]]:
+    """A Kaldi table ``<key> <value...>`` and the line number of each key.
+
+    A repeated key is an error naming both lines; so is a key without a value (unless
+    ``allow_empty_value``) and, with ``sorted_keys``, a key out of C-locale order.
+    """
+    path = Path(path)
+    out: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    last = None
+    for lineno, key, value in _lines(path):
+        if key in out:
+            raise AsrtrainError(f"{path}:{lineno}: duplicate key {key} (first on line "
+                                f"{lines[key]}); each key may occur once")
+        if not value and not allow_empty_value:
+            raise AsrtrainError(f"{path}:{lineno}: key {key} has no value")
+        if sorted_keys and last is not None and key < last:
+            raise AsrtrainError(
+                f"{path}:{lineno}: key {key} is out of order (after {last} on line "
+                f"{lines[last]}); Kaldi tables are sorted: LC_ALL=C sort {path.name}, or run "
+                "utils/fix_data_dir.sh")
+        out[key], lines[key], last = value, lineno, key
+    return out, lines
 
 
 def read_table(path: str | Path, allow_empty_value: bool = False) -> dict[str, str]:
     """Read a Kaldi table ``<key> <value...>``; duplicate keys and missing values are errors."""
-    path = Path(path)
-    out: dict[str, str] = {}
-    for lineno, key, value in _lines(path):
-        if key in out:
-            raise AsrtrainError(f"{path}:{lineno}: duplicate key {key}")
-        if not value and not allow_empty_value:
-            raise AsrtrainError(f"{path}:{lineno}: key {key} has no value")
-        out[key] = value
-    return out
+    return read_keyed(path, allow_empty_value)[0]
+
+
+def _segment(path: Path, lineno: int, value: str) -> Segment:
+    """One ``segments`` value ``<recording> <start> <end>``, times finite and in order."""
+    parts = value.split()
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        reco, start, end = parts[0], float(parts[1]), float(parts[2])
+    except ValueError:
+        raise AsrtrainError(
+            f"{path}:{lineno}: expected '<utt> <recording> <start> <end>'") from None
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise AsrtrainError(f"{path}:{lineno}: times {parts[1]} {parts[2]} are not finite")
+    return Segment(reco, start, end)
+
+
+def check_spk2utt(path: Path, data: DataDir) -> None:
+    """``spk2utt`` must be the inverse of utt2spk, line for line, as Kaldi's
+    validate_data_dir.sh requires (``utt2spk_to_spk2utt.pl utt2spk | cmp - spk2utt``)."""
+    table, lines = read_keyed(path, sorted_keys=True)
+    utt2spk_line = data.lines.get("utt2spk", {})
+    expected = data.spk2utt
+    for spk, value in table.items():
+        at, utts = f"{path}:{lines[spk]}", value.split()
+        for utt in utts:
+            owner = data.utt2spk.get(utt)
+            if owner is None:
+                raise AsrtrainError(f"{at}: utterance {utt} of speaker {spk} is not in utt2spk")
+            if owner != spk:
+                raise AsrtrainError(f"{at}: utterance {utt} is listed under speaker {spk}, but "
+                                    f"utt2spk line {utt2spk_line.get(utt, '?')} gives {owner}")
+        lacking = [u for u in expected[spk] if u not in utts]
+        if lacking:
+            raise AsrtrainError(f"{at}: speaker {spk} lacks utterance {lacking[0]} (utt2spk line "
+                                f"{utt2spk_line.get(lacking[0], '?')})")
+        if utts != expected[spk]:
+            raise AsrtrainError(f"{at}: the utterances of speaker {spk} are repeated or not in "
+                                "sorted order (remake spk2utt with utils/utt2spk_to_spk2utt.pl)")
+    for spk, utts in expected.items():
+        if spk not in table:
+            raise AsrtrainError(f"{path}: speaker {spk} (utt2spk line "
+                                f"{utt2spk_line.get(utts[0], '?')}) is missing")
 
 
 def write_table(path: str | Path, table: dict[str, str]) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 import logging
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import sentencepiece as spm
@@ -74,3 +75,22 @@ class Units:
 
     def starts_word(self, i: int) -> bool:
         return self.sp.id_to_piece(i).startswith("\u2581")
+
+
+def uncovered_characters(units: Units, texts: Mapping[str, str]) -> tuple[Counter, list[str]]:
+    """The characters of ``texts`` (utterance -> words) that no unit covers, counted, and the
+    utterances that hold them: sentencepiece turns them into ``<unk>`` without a word, so a
+    transcript in another case or script than the training text would train on nothing."""
+    keys = list(texts)
+    lines = [texts[k] for k in keys]
+    unk = units.sp.unk_id()
+    counts: Counter = Counter()
+    utts = []
+    for key, ids, pieces in zip(keys, units.sp.encode(lines), units.sp.encode(lines, out_type=str),
+                                strict=True):
+        unknown = "".join(p for i, p in zip(ids, pieces, strict=True) if i == unk)
+        unknown = unknown.replace("\u2581", "").replace(" ", "")
+        if unknown:
+            counts.update(unknown)
+            utts.append(key)
+    return counts, utts

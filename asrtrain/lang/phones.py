@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrtrain import AsrtrainError
+from asrtrain.data.textfile import utf8_lines
 from asrtrain.fileio import write_text
 
 
 def read_fields(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number, whitespace-separated fields) of every non-blank line of a text file."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if parts:
-                yield lineno, parts
+    for lineno, line in utf8_lines(path):
+        parts = line.split()
+        if parts:
+            yield lineno, parts
 
 POSITIONS = ("B", "E", "I", "S")
 #: reserved word symbols, in Kaldi's order: <eps> first, #0 <s> </s> last.

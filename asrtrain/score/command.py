@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from asrtrain import AsrtrainError
 from asrtrain.score import SUBSETS, report_name, score_hub5
 from asrtrain.score.align import Counts
 
@@ -41,10 +40,8 @@ def sum_avg_row(counts: Counts, name: str) -> str:
 def score_command(stm: Path, ctm: Path, glm: Path | None, out: Path, no_filter: bool,
                   backend: str) -> None:
     """Score CTM against STM like hubscr.pl (Hub5), for all, SWB (sw_) and CallHome (en_)."""
-    try:
-        counts = score_hub5(stm, ctm, out, glm=glm, kaldi_filter=not no_filter, backend=backend)
-    except AsrtrainError as e:
-        raise click.ClickException(str(e)) from e
+    # An AsrtrainError reaches asrtrain.cli, which prints "asrtrain: error: ..." and exits 1.
+    counts = score_hub5(stm, ctm, out, glm=glm, kaldi_filter=not no_filter, backend=backend)
     click.echo(f"{'subset':<9} |         | # Snt  # Wrd |" + _HEADER)
     for subset in SUBSETS:
         click.echo(sum_avg_row(counts[subset], _LABELS[subset]))

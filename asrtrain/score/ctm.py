@@ -14,6 +14,7 @@ writes it::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,11 +51,17 @@ def parse_ctm_line(line: str, path: Path | str, lineno: int) -> CtmLine | None:
         )
     for value, what in ((fields[2], "start"), (fields[3], "duration")):
         try:
-            float(value)
+            number = float(value)
         except ValueError:
             raise AsrtrainError(
                 f"{path}:{lineno}: CTM {what} {value!r} is not a number"
             ) from None
+        # SCTK reads nan, inf and negative durations and scores them somewhere; we refuse them.
+        if not math.isfinite(number) or (what == "duration" and number < 0):
+            raise AsrtrainError(
+                f"{path}:{lineno}: CTM {what} {value!r} is not a finite "
+                f"{'time' if what == 'start' else 'non-negative duration'}"
+            )
     if len(fields) == 6:
         try:
             float(fields[5])

@@ -8,6 +8,7 @@ words with a leading or trailing ``-`` are fragments, and a segment whose text c
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,9 +36,13 @@ class StmSegment:
 
 def _number(field: str, path: Path | str, lineno: int, what: str) -> float:
     try:
-        return float(field)
+        value = float(field)
     except ValueError:
         raise AsrtrainError(f"{path}:{lineno}: STM {what} time {field!r} is not a number") from None
+    if not math.isfinite(value):
+        # SCTK accepts nan and inf, and a segment then matches every word or none.
+        raise AsrtrainError(f"{path}:{lineno}: STM {what} time {field!r} is not finite")
+    return value
 
 
 def parse_stm_line(line: str, path: Path | str, lineno: int) -> StmSegment | None:
@@ -52,6 +57,9 @@ def parse_stm_line(line: str, path: Path | str, lineno: int) -> StmSegment | Non
         )
     start = _number(fields[3], path, lineno, "start")
     end = _number(fields[4], path, lineno, "end")
+    if end < start:
+        raise AsrtrainError(f"{path}:{lineno}: STM segment ends at {fields[4]}, before it starts "
+                            f"at {fields[3]}")
     labels = ""
     words = fields[5:]
     if words and re.fullmatch(r"<\S+>", words[0]):

@@ -26,9 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import soundfile
-
 from asrtrain import AsrtrainError
+from asrtrain.data.audio import check_audio_file
 from asrtrain.data.datadir import DataDir
 
 LAYOUT = "a Kaldi data dir with wav.scp, text, utt2spk (and optionally segments, stm, glm)"
@@ -47,22 +46,28 @@ class UserCorpus:
 
 
 def _file_rate(spec: str) -> int | None:
-    """The sample rate of a plain audio file (headers only); None for pipes and SPHERE."""
+    """The sample rate of a plain audio file (header checked: readable, not truncated); None
+    for pipes, which only the features stage runs."""
     spec = spec.strip()
     if spec.endswith("|"):
         return None
-    path = Path(spec)
-    if not path.is_file():
-        raise AsrtrainError(f"{path}: audio file not found")
-    with open(path, "rb") as f:
-        if f.read(8) == b"NIST_1A\n":
-            import desphere
+    return check_audio_file(spec).rate
 
-            return desphere.SphereHeader.parse(path.read_bytes()[:65536]).sample_rate
-    try:
-        return soundfile.info(str(path)).samplerate
-    except (soundfile.LibsndfileError, RuntimeError) as e:
-        raise AsrtrainError(f"{path}: not an audio file soundfile can read ({e})") from None
+
+def _check_audio(where: Path, data: DataDir, lines: dict[str, int], sample_rate: int,
+                 resample: bool) -> None:
+    """Every recording the utterances use: its file's header, and its rate unless resampled."""
+    used = ({s.recording for s in data.segments.values()} if data.segments
+            else set(data.utt2spk))
+    for reco in sorted(used):
+        at = f"{where / 'wav.scp'}:{lines.get(reco, '?')}"
+        try:
+            rate = _file_rate(data.wav[reco])
+        except AsrtrainError as e:
+            raise AsrtrainError(f"{e} (recording {reco}, {at})") from None
+        if rate is not None and rate != sample_rate and not resample:
+            raise AsrtrainError(f"{at}: recording {reco} is at {rate} Hz, expected "
+                                f"{sample_rate} Hz (set corpus.resample=true to resample it)")
 
 
 def prepare_datadir(sets: Mapping[str, str | Path], sample_rate: int, resample: bool = True,
@@ -85,13 +90,7 @@ def prepare_datadir(sets: Mapping[str, str | Path], sample_rate: int, resample: 
         src = DataDir.read(where)   # validates, naming file and line
         data = DataDir(wav=src.wav, text=src.text, utt2spk=src.utt2spk, segments=src.segments,
                        reco2file_and_channel=src.reco2file_and_channel)
-        used = ({s.recording for s in data.segments.values()} if data.segments
-                else set(data.utt2spk))
-        for reco in sorted(used):
-            rate = _file_rate(data.wav[reco])
-            if rate is not None and rate != sample_rate and not resample:
-                raise AsrtrainError(f"{where / 'wav.scp'}: recording {reco} is at {rate} Hz, "
-                                    f"expected {sample_rate} Hz (set resample: true)")
+        _check_audio(where, data, src.lines["wav.scp"], sample_rate, resample)
         out.sets[str(name)] = data
         scoring = {f: (where / f).read_bytes() for f in SCORING_FILES if (where / f).is_file()}
         if "glm" in scoring and "stm" not in scoring:

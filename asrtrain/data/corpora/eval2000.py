@@ -101,6 +101,7 @@ def _read_pem(pem: Path) -> list[tuple[str, str, float, float]]:
         except ValueError:
             raise AsrtrainError(f"{pem}:{lineno}: expected '<conversation> <A|B> <speaker> "
                                 f"<start> <end>', got {line.strip()!r}") from None
+        ldc.check_times(start, end, f"{pem}:{lineno}")
         if not 0 <= start < end:
             raise AsrtrainError(f"{pem}:{lineno}: segment {fields[3]}-{fields[4]} is empty "
                                 "or negative")
@@ -125,11 +126,15 @@ def _read_stm(stm: Path) -> list[tuple[str, str, Path, int]]:
         try:
             if len(fields) < 6 or fields[1] not in ("A", "B"):
                 raise ValueError
-            float(fields[3]), float(fields[4])
+            start, end = float(fields[3]), float(fields[4])
         except ValueError:
             raise AsrtrainError(f"{stm}:{lineno}: expected '<conversation> <A|B> <speaker> "
                                 f"<start> <end> <labels> <words...>', "
                                 f"got {line.strip()!r}") from None
+        ldc.check_times(start, end, f"{stm}:{lineno}")
+        if end < start:
+            raise AsrtrainError(f"{stm}:{lineno}: segment ends at {fields[4]}, before it starts "
+                                f"at {fields[3]}")
         utt = _utt_id(f"{fields[0]}-{fields[1]}", fields[3], fields[4])
         out.append((utt, " ".join(fields[6:]), stm, lineno))
     if not out:

@@ -85,7 +85,11 @@ def _read_transcript(path: Path, text: dict[str, tuple[str, Path, int]]) -> None
         if m is None:
             raise AsrtrainError(f"{path}:{lineno}: expected '<start> <end> <A|B>: <words>', "
                                 f"got {line.strip()!r}")
-        start, end = int(float(m.group(1)) * 100.0), int(float(m.group(2)) * 100.0)
+        try:
+            start, end = int(float(m.group(1)) * 100.0), int(float(m.group(2)) * 100.0)
+        except ValueError:   # the pattern lets through "1.2.3" and "."
+            raise AsrtrainError(f"{path}:{lineno}: times {m.group(1)} {m.group(2)} are not "
+                                "numbers") from None
         if end > 999999:
             raise AsrtrainError(f"{path}:{lineno}: time too long ({m.group(2)} s)")
         utt = f"{call_id}-{m.group(3)}-{start:06d}-{end:06d}"

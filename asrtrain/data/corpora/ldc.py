@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 from asrtrain import AsrtrainError
-from asrtrain.data.audio import sphere_side_command
+from asrtrain.data.audio import check_audio_file, sphere_side_command
+from asrtrain.data.textfile import utf8_lines
 
 
 def require_dir(path: Path, what: str, layout: str) -> Path:
@@ -21,7 +23,8 @@ def find_sphere(root: Path, what: str, layout: str, allow_none: bool = False) ->
     """Every ``*.sph`` under ``root`` (any case, any depth, as Kaldi's ``find -iname``), by name.
 
     The key is the file name without ``.sph`` (``sw02001``, ``en_4156``, ``fe_03_00001``).
-    Finding none is an error unless ``allow_none``.
+    Finding none is an error unless ``allow_none``. Each file's header is checked here, so a
+    garbled or truncated copy is named by the prepare stage, before any feature is computed.
     """
     found: dict[str, Path] = {}
     for path in sorted(p for p in root.rglob("*") if p.suffix.lower() == ".sph" and p.is_file()):
@@ -29,6 +32,7 @@ def find_sphere(root: Path, what: str, layout: str, allow_none: bool = False) ->
         if name in found:
             raise AsrtrainError(f"{path}: conversation {name} is also at {found[name]}; "
                                 f"keep one copy under {root}")
+        check_audio_file(path)
         found[name] = path.resolve()
     if not found and not allow_none:
         raise AsrtrainError(f"{root}: no .sph files found for the {what}; expected {layout}")
@@ -57,12 +61,13 @@ def keep_recordings_in_use(wav: dict[str, str], r2fc: dict[str, tuple[str, str]]
             {r: v for r, v in r2fc.items() if r in recordings})
 
 
+def check_times(start: float, end: float, where: str) -> None:
+    """Times of a transcript line must be finite: Python reads 'nan' and 'inf' as numbers, and
+    neither makes an utterance id or a segment."""
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise AsrtrainError(f"{where}: times {start} {end} are not finite")
+
+
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     """``(line number, line without newline)`` of a UTF-8 (or ASCII) corpus text file."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise AsrtrainError(f"{path}:{lineno}: not UTF-8 text") from None
-            yield lineno, line.rstrip("\r\n")
+    return utf8_lines(path)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.data.corpora.ldc import (
+    check_times,
     find_sphere,
     keep_recordings_in_use,
     read_lines,
@@ -57,6 +58,8 @@ SINGLE_LETTERS = {
 SILENCE_ENTRIES = ["!sil sil", "[vocalized-noise] spn", "[noise] nsn", "[laughter] lau",
                    "<unk> spn"]
 SILENCE_PHONES = ["sil", "spn", "nsn", "lau"]
+#: .sph files in a full copy of LDC97S62 (some copies lack 3 of the 2438 conversations).
+LDC97S62_SPH = (2435, 2438)
 OPTIONAL_SILENCE = "sil"
 
 
@@ -241,6 +244,7 @@ def _read_transcripts(trans_files: list[Path]) -> dict[str, tuple[list[str], Pat
                 raise AsrtrainError(
                     f"{path}:{lineno}: expected '<swNNNN[AB]-ms98-a-NNNN> <start> <end> "
                     f"<words...>', got {line.strip()!r}") from None
+            check_times(start, end, f"{path}:{lineno}")
             if not 0 <= start <= end:
                 raise AsrtrainError(f"{path}:{lineno}: start {fields[1]} after end "
                                     f"{fields[2]} (or negative)")
@@ -289,13 +293,16 @@ def remove_dup_utts(data: DataDir, max_count: int) -> DataDir:
 
 
 def prepare_swbd(audio_dir: Path, transcripts_dir: Path, dev_utts: int = 4000,
-                 max_dup: int = 300, max_missing_audio: int = 3) -> SwbdCorpus:
+                 max_dup: int = 300, max_missing_audio: int = 3,
+                 expected_sph: tuple[int, ...] | None = LDC97S62_SPH) -> SwbdCorpus:
     """Prepare Switchboard-1 as Kaldi s5c does: sets train, train_dev, train_nodup; the dict dir.
 
     ``dev_utts``: the first utterances held out as ``train_dev`` (4000 in s5c).
     ``max_dup``: the most copies of one transcript kept in ``train_nodup`` (300 in s5c).
     ``max_missing_audio``: conversations with transcripts but no .sph that are tolerated (LDC97S62
     copies hold 2435 or 2438 of the 2438 transcribed conversations; Kaldi drops the missing).
+    ``expected_sph``: the .sph counts a full copy holds (another count is logged as a warning);
+    ``None`` for a corpus that is knowingly smaller (the tiny corpus, which says so itself).
     """
     audio_dir = require_dir(Path(audio_dir), "Switchboard audio", AUDIO_LAYOUT)
     transcripts_dir = require_dir(Path(transcripts_dir), "ms98 transcripts", TRANSCRIPTS_LAYOUT)
@@ -310,15 +317,16 @@ def prepare_swbd(audio_dir: Path, transcripts_dir: Path, dev_utts: int = 4000,
             hint = " (this looks like the audio, LDC97S62, given for the transcripts)"
         missing = "sw-ms98-dict.text" if not dict_file.is_file() else "*/*/*-trans.text files"
         raise AsrtrainError(f"{ms98}: no {missing}{hint}; expected {TRANSCRIPTS_LAYOUT}")
-    try:
-        sph = find_sphere(audio_dir, "Switchboard audio", AUDIO_LAYOUT)
-    except AsrtrainError:
+    sph = find_sphere(audio_dir, "Switchboard audio", AUDIO_LAYOUT, allow_none=True)
+    if not sph:
         if list(audio_dir.glob("sw-ms98-dict.text")) + list(audio_dir.glob("*/sw-ms98-dict.text")):
             raise AsrtrainError(f"{audio_dir}: holds the ms98 transcripts, not the audio; "
-                                f"expected {AUDIO_LAYOUT}") from None
-        raise
-    if len(sph) not in (2435, 2438):
-        log.warning("%s: %d .sph files (LDC97S62 has 2435 or 2438)", audio_dir, len(sph))
+                                f"expected {AUDIO_LAYOUT}")
+        raise AsrtrainError(f"{audio_dir}: no .sph files found for the Switchboard audio; "
+                            f"expected {AUDIO_LAYOUT}")
+    if expected_sph is not None and len(sph) not in expected_sph:
+        log.warning("%s: %d .sph files (LDC97S62 has %s)", audio_dir, len(sph),
+                    " or ".join(map(str, expected_sph)))
 
     dict_dir, acronyms = _prepare_dict(dict_file)
     transcripts = _read_transcripts(trans_files)
