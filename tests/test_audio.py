@@ -15,6 +15,7 @@ import soundfile
 from asrtrain import AsrtrainError
 from asrtrain.data.audio import (
     _sphere_side,
+    check_audio_file,
     iter_utterances,
     read_recording,
     run_pipe,
@@ -101,6 +102,58 @@ def test_missing_and_unreadable_files_named(tmp_path):
     bad.write_bytes(b"NIST_1A\n   1024\nsample_rate -i 8000\nend_head\n")
     with pytest.raises(AsrtrainError, match="bad.sph"):
         read_recording(str(bad))
+
+
+def test_truncated_files_named_from_their_header(tmp_path):
+    """A file shorter than its header says is named as truncated, whichever way it is read."""
+    wav = tmp_path / "cut.wav"
+    soundfile.write(wav, _tone(8000, 8000), 8000, subtype="PCM_16")
+    wav.write_bytes(wav.read_bytes()[:44 + 2 * 3000])
+    with pytest.raises(AsrtrainError, match=r"cut.wav: header says 8000 samples, file holds 3000 "
+                                            r"\(truncated\)"):
+        read_recording(str(wav))
+    alaw = tmp_path / "cut_alaw.sph"   # 2 channels, 1 byte a sample, 1024-byte header
+    alaw.write_bytes((SPH_DIR / "123_2alaw.sph").read_bytes()[:1024 + 2 * 5000 + 1])
+    for spec in (str(alaw), sphere_side_command(alaw, 2)):
+        with pytest.raises(AsrtrainError, match=r"cut_alaw.sph: header says 37120 samples, file "
+                                                r"holds 5000 \(truncated\)"):
+            read_recording(spec)
+    shn = tmp_path / "cut_shn.sph"
+    shn.write_bytes((SPH_DIR / "123_2pcle_shn.sph").read_bytes()[:1024 + 20000])
+    with pytest.raises(AsrtrainError, match=r"cut_shn.sph: cannot decode shorten-compressed "
+                                            r"SPHERE \(truncated"):
+        read_recording(str(shn))
+
+
+def test_streaming_wav_header_is_not_truncation(tmp_path):
+    """A WAV written to a pipe says 0xFFFFFFFF for its length: unknown, so not an error."""
+    x = _tone(4000, 8000)
+    wav = tmp_path / "stream.wav"
+    soundfile.write(wav, x, 8000, subtype="PCM_16")
+    raw = bytearray(wav.read_bytes())
+    assert raw[36:40] == b"data"
+    raw[40:44] = b"\xff\xff\xff\xff"
+    wav.write_bytes(bytes(raw))
+    header = check_audio_file(wav)
+    assert (header.rate, header.channels, header.frames) == (8000, 1, None)
+    np.testing.assert_array_equal(read_recording(str(wav))[0][0], x.astype(np.float32))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (b"sample_count -i 10\nchannel_count -i 1\nsample_n_bytes -i 2\n",
+     "missing required field\\(s\\): sample_rate"),
+    (b"sample_count -i 10\nsample_rate -i 8000\nchannel_count -i 0\nsample_n_bytes -i 2\n",
+     "channel_count must be >= 1, got 0"),
+    (b"sample_count -i ten\nsample_rate -i 8000\nchannel_count -i 1\nsample_n_bytes -i 2\n",
+     "sample_count"),
+])
+def test_sphere_header_fields_checked(tmp_path, fields: bytes, message: str):
+    sph = tmp_path / "bad.sph"
+    sph.write_bytes((b"NIST_1A\n   1024\n" + fields + b"end_head\n").ljust(1024, b" ") + bytes(20))
+    with pytest.raises(AsrtrainError, match=rf"bad.sph: bad NIST SPHERE header \(.*{message}"):
+        check_audio_file(sph)
+    with pytest.raises(AsrtrainError, match=rf"bad.sph: bad NIST SPHERE header \(.*{message}"):
+        read_recording(sphere_side_command(sph, 1))
 
 
 def _tone(n: int, rate: int, seed: int = 0) -> np.ndarray:

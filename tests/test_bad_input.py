@@ -318,7 +318,8 @@ def dd_truncated_after_prepare(tmp: Path, good: GoodRun) -> Case:
         rewrite(good.exp / "data" / name / "wav.scp",
                 lambda t: re.sub(r"(?m)^spk1-utt1 .*$", f"spk1-utt1 {wav}", t))
     return Case([_sets(good.corpus, good)], [
-        f"{wav}: header says {frames} samples, file holds 300 (truncated)"],
+        f"{good.exp}/data/train/wav.scp:5: recording spk1-utt1: {wav}: header says {frames} "
+        "samples, file holds 300 (truncated)"],
         to="features", extra=["--stage", "features", "--force", "features"])
 
 

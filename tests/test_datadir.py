@@ -28,6 +28,11 @@ def test_read_write_roundtrip(datadir: Path, tmp_path: Path) -> None:
     (lambda d: (d / "segments").write_text("spk0-utt0 spk0-utt0 0.5\n"), "segments:1"),
     (lambda d: (d / "utt2spk").write_text((d / "utt2spk").read_text() + "spk0-utt0 spk0\n"),
      "utt2spk:7: duplicate key spk0-utt0 \\(first on line 1\\)"),
+    (lambda d: (d / "spk2utt").write_text("spk0 spk0-utt1 spk0-utt0 spk0-utt2\n"
+                                          "spk1 spk1-utt0 spk1-utt1 spk1-utt2\n"),
+     "spk2utt:1: the utterances of speaker spk0 are repeated or not in sorted order"),
+    (lambda d: (d / "spk2utt").write_text((d / "spk2utt").read_text() + "spk2 spk2-utt0\n"),
+     "spk2utt:3: utterance spk2-utt0 of speaker spk2 is not in utt2spk"),
 ])
 def test_validation_names_file_and_line(datadir: Path, breakage, message: str) -> None:
     breakage(datadir)
@@ -65,3 +70,11 @@ def test_atomic_dir_replaces_only_when_complete(tmp_path: Path) -> None:
     with atomic_dir(target) as tmp:
         (tmp / "y").write_text("new")
     assert [p.name for p in target.iterdir()] == ["y"]
+
+
+def test_subset_keeps_where_its_lines_are(datadir: Path) -> None:
+    d = DataDir.read(datadir)
+    sub = d.subset(["spk1-utt1"])
+    assert sub.at("wav.scp", "spk1-utt1") == f"{datadir}/wav.scp:5"
+    assert sub.lines["text"] == {"spk1-utt1": 5} and sub.source == datadir
+    assert DataDir().at("segments", "u") == "segments"

@@ -86,17 +86,11 @@ def _sphere_header(path: Path):
         if len(parts) > 1 and parts[1].strip().isdigit() and int(parts[1]) > len(head):
             head += f.read(min(int(parts[1]), _MAX_SPHERE_HEADER) - len(head))
     try:
-        header = desphere.SphereHeader.parse(head)
-        for name in ("sample_count", "sample_rate", "channel_count", "sample_n_bytes"):
-            if getattr(header, name) <= 0 and name != "sample_count":
-                raise ValueError(f"{name} {getattr(header, name)}")
+        # desphere checks the fields too: sample_count, sample_rate, channel_count and
+        # sample_n_bytes present, integers, and the last three at least 1.
+        return desphere.SphereHeader.parse(head)
     except desphere.DesphereError as e:
         raise AsrtrainError(f"{path}: bad NIST SPHERE header ({e})") from None
-    except KeyError as e:
-        raise AsrtrainError(f"{path}: bad NIST SPHERE header (no {e.args[0]} field)") from None
-    except (TypeError, ValueError) as e:
-        raise AsrtrainError(f"{path}: bad NIST SPHERE header ({e})") from None
-    return header
 
 
 def _truncated(path: Path, declared: int, held: int) -> AsrtrainError:
@@ -104,7 +98,7 @@ def _truncated(path: Path, declared: int, held: int) -> AsrtrainError:
 
 
 def _is_shorten(header) -> bool:
-    return "shorten" in header.sample_coding.lower()
+    return "shorten" in str(header.sample_coding).lower()
 
 
 def _check_sphere(path: Path):
@@ -292,7 +286,8 @@ def _pick_channel(samples: np.ndarray, reco: str, datadir: DataDir) -> np.ndarra
     index = {"A": 0, "B": 1, "1": 0, "2": 1}.get(side) if side is not None else None
     if index is None or index >= samples.shape[0]:
         raise AsrtrainError(
-            f"wav.scp: recording {reco} has {samples.shape[0]} channels; make its wav.scp entry "
+            f"{datadir.at('wav.scp', reco)}: recording {reco} has {samples.shape[0]} channels; "
+            f"make its wav.scp entry "
             f"produce one (e.g. '<file> ... | sox -t wav - -t wav - remix 1 |') or give its "
             f"channel (A/B) in reco2file_and_channel")
     return samples[index]
@@ -311,20 +306,24 @@ def iter_utterances(datadir: DataDir, sample_rate: int,
         if datadir.segments:
             seg = datadir.segments.get(utt)
             if seg is None:
-                raise AsrtrainError(f"segments: utterance {utt} has no segment")
+                raise AsrtrainError(f"{datadir.at('utt2spk', utt)}: utterance {utt} has no "
+                                    "segment")
             by_reco.setdefault(seg.recording, []).append((utt, seg.start, seg.end))
         else:
             by_reco.setdefault(utt, []).append((utt, 0.0, None))
     for reco in sorted(by_reco):
         if reco not in datadir.wav:
-            raise AsrtrainError(f"wav.scp: recording {reco} is missing")
-        samples, rate = read_recording(datadir.wav[reco])
+            raise AsrtrainError(f"{datadir.at('wav.scp', reco)}: recording {reco} is missing")
+        try:
+            samples, rate = read_recording(datadir.wav[reco])
+        except AsrtrainError as e:
+            raise AsrtrainError(f"{datadir.at('wav.scp', reco)}: recording {reco}: {e}") from None
         channel = _pick_channel(samples, reco, datadir)
         if rate != sample_rate:
             if not resample:
-                raise AsrtrainError(f"wav.scp: recording {reco} has sample rate {rate} Hz, "
-                                    f"expected {sample_rate} Hz (resample it, or set the "
-                                    "corpus to resample)")
+                raise AsrtrainError(f"{datadir.at('wav.scp', reco)}: recording {reco} has "
+                                    f"sample rate {rate} Hz, expected {sample_rate} Hz "
+                                    "(resample it, or set corpus.resample=true)")
             import torch
             import torchaudio.functional
 
@@ -341,10 +340,11 @@ def iter_utterances(datadir: DataDir, sample_rate: int,
             if last > n:
                 if end - n / rate > MAX_OVERSHOOT:
                     raise AsrtrainError(
-                        f"segments: utterance {utt} ends at {end:.2f} s, after the end of "
-                        f"recording {reco} ({n / rate:.2f} s)")
+                        f"{datadir.at('segments', utt)}: utterance {utt} ends at {end:.2f} s, "
+                        f"after the end of recording {reco} ({n / rate:.2f} s)")
                 last = n
             if first >= last:
-                raise AsrtrainError(f"segments: utterance {utt} ({start:.2f}-{end:.2f} s) is "
-                                    f"empty in recording {reco} ({n / rate:.2f} s)")
+                raise AsrtrainError(f"{datadir.at('segments', utt)}: utterance {utt} "
+                                    f"({start:.2f}-{end:.2f} s) is empty in recording {reco} "
+                                    f"({n / rate:.2f} s)")
             yield utt, channel[first:last]

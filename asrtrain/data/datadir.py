@@ -48,6 +48,8 @@ class DataDir:
     utt2num_frames: dict[str, int] = field(default_factory=dict)
     #: table name -> key -> line number, for tables read from disk: errors name the line.
     lines: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    #: the directory it was read from (kept by subsets), for errors found later (audio).
+    source: Path | None = field(default=None, repr=False, compare=False)
 
     # ---------------------------------------------------------------- derived views
     @property
@@ -74,7 +76,7 @@ class DataDir:
         path = Path(path)
         if not path.is_dir():
             raise AsrtrainError(f"{path}: not a data directory (does the stage before ran?)")
-        d = cls()
+        d = cls(source=path)
         for name in ("wav.scp", "text", "utt2spk"):
             if not (path / name).is_file():
                 raise AsrtrainError(
@@ -116,10 +118,15 @@ class DataDir:
         table, self.lines[name] = read_keyed(path / name, allow_empty_value, sorted_keys=True)
         return table
 
-    def _at(self, where: Path, name: str, key: str) -> str:
+    def _at(self, where: Path | None, name: str, key: str) -> str:
         """``<dir>/<table>:<line>`` of ``key`` when the table was read from disk."""
         line = self.lines.get(name, {}).get(key)
         return f"{where}/{name}:{line}" if line else f"{where}/{name}"
+
+    def at(self, name: str, key: str) -> str:
+        """Where table ``name`` holds ``key``: ``<dir>/<table>:<line>`` for a data dir read from
+        disk, else just the table's name."""
+        return self._at(self.source, name, key) if self.source is not None else name
 
     # ---------------------------------------------------------------- checking
     def validate(self, where: str | Path = "<data dir>") -> None:
@@ -231,7 +238,7 @@ class DataDir:
     def subset(self, utts: list[str] | set[str]) -> DataDir:
         """A new data dir holding only ``utts`` (and the recordings and speakers they use)."""
         keep = set(utts)
-        d = DataDir()
+        d = DataDir(source=self.source)
         d.utt2spk = {u: s for u, s in self.utt2spk.items() if u in keep}
         d.text = {u: t for u, t in self.text.items() if u in keep}
         d.segments = {u: s for u, s in self.segments.items() if u in keep}
@@ -243,6 +250,9 @@ class DataDir:
         d.utt2num_frames = {u: n for u, n in self.utt2num_frames.items() if u in keep}
         spks = set(d.utt2spk.values())
         d.cmvn = {s: c for s, c in self.cmvn.items() if s in spks}
+        # Line numbers of its own keys only: subsets go to worker processes, one per job.
+        d.lines = {name: {k: n for k, n in table.items() if k in keep or k in recos}
+                   for name, table in self.lines.items()}
         return d
 
 
@@ -316,7 +326,8 @@ def check_spk2utt(path: Path, data: DataDir) -> None:
             if owner != spk:
                 raise AsrtrainError(f"{at}: utterance {utt} is listed under speaker {spk}, but "
                                     f"utt2spk line {utt2spk_line.get(utt, '?')} gives {owner}")
-        lacking = [u for u in expected[spk] if u not in utts]
+        listed = set(utts)
+        lacking = [u for u in expected[spk] if u not in listed]
         if lacking:
             raise AsrtrainError(f"{at}: speaker {spk} lacks utterance {lacking[0]} (utt2spk line "
                                 f"{utt2spk_line.get(lacking[0], '?')})")
