@@ -13,11 +13,12 @@ import io
 import logging
 import math
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-import kaldilm
 from kaldingram.prune import ArpaParser, prune
 from kaldingram.train import NgramCounts
 
@@ -95,14 +96,54 @@ def train_lm(text: Iterable[str] | Path, lang_dir: Path, lm_dir: Path, order: in
             arpa = tmp / "lm.pruned.arpa"
         with tempfile.NamedTemporaryFile("w", suffix=".txt", dir=tmp, delete=False) as f:
             f.write("".join(f"{s} {i}\n" for i, s in enumerate(words.id2sym)))
-        kaldilm.arpa2fst(str(arpa), str(tmp / "G.fst"), disambig_symbol="#0",
-                         read_symbol_table=f.name)
+        arpa2fst(arpa, tmp / "G.fst", Path(f.name))
         os.unlink(f.name)
         write_text(tmp / "info", f"order {order}\nsentences {len(sentences)}\noov {oov}\n"
                                  f"prune_threshold {prune_threshold}\narpa {arpa.name}\n")
     log.info("LM: %d sentences, %d OOV tokens mapped to %s, order %d", len(sentences), oov, UNK,
              order)
     return lm_dir / "G.fst"
+
+
+# kaldilm's arpa2fst with Kaldi's options for G (see the module docstring), run in a child.
+_ARPA2FST = ("import sys, kaldilm; kaldilm.arpa2fst(sys.argv[1], sys.argv[2], "
+             "disambig_symbol='#0', read_symbol_table=sys.argv[3])")
+
+
+def arpa2fst(arpa: Path, fst: Path, symbols: Path) -> None:
+    """Write G.fst from ``arpa`` with kaldilm, in a child process.
+
+    kaldilm is C++ that logs (``[I] Reading \\data\\ section.``) straight to file descriptor 2,
+    past Python's ``sys.stderr``, and calls ``abort()`` on a bad ARPA. In a child its stderr is a
+    pipe: what it says goes to the stage log, not the console, and a failure becomes one error
+    line naming the ARPA file instead of a dead process (the child costs a fraction of a
+    second; G's compilation itself takes longer on any real LM).
+    """
+    proc = subprocess.run([sys.executable, "-c", _ARPA2FST, str(arpa), str(fst), str(symbols)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          errors="replace")
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    _to_log_files(lines)
+    if proc.returncode != 0:
+        why = next((ln[3:].strip() for ln in reversed(lines) if ln.startswith(("[E]", "[F]"))),
+                   lines[-1] if lines else f"exit status {proc.returncode}")
+        raise AsrtrainError(f"{arpa}: kaldilm arpa2fst failed: {why}")
+
+
+def _to_log_files(lines: list[str]) -> None:
+    """Hand ``lines`` to the log files (the stage log) only: library chatter is kept for the
+    record but is not what a person at the console needs. Without a log file they go to the
+    debug log."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for line in lines:
+        if not files:
+            log.debug("kaldilm: %s", line)
+            continue
+        record = log.makeRecord(log.name, logging.INFO, __file__, 0, "kaldilm: %s", (line,),
+                                None)
+        for handler in files:
+            if record.levelno >= handler.level:
+                handler.handle(record)
 
 
 def read_arpa(path: Path) -> dict[tuple[str, ...], tuple[float, float]]:
