@@ -13,6 +13,7 @@ killed mid-stage resumes at the step it was in and nothing is reused once an inp
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -364,6 +365,17 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     return ran
 
 
+def describe_os_error(error: OSError, where: Path) -> str:
+    """One line for an error of the file system (``where``: the directory it happened under,
+    when the error does not name a file, as one raised in a worker process may not)."""
+    path = error.filename or where
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device of {path}: free some, then run the same command"
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {path}: {error.strerror}"
+    return f"{path}: {error.strerror or error}"
+
+
 def _remove_temporaries(exp: Path, why: str) -> None:
     count = remove_temporaries(exp)
     if count:
@@ -385,9 +397,7 @@ def _stage_failure(name: str, exp: Path) -> Iterator[None]:
                               "finished is kept; run the same command to resume", signum) from e
         if isinstance(e, OSError):
             log.debug("stage %s failed", name, exc_info=True)
-            where = e.filename or "a file"
-            raise AsrtrainError(f"stage {name}: cannot write or read {where}: "
-                                f"{e.strerror or e}") from e
+            raise AsrtrainError(f"stage {name}: {describe_os_error(e, exp)}") from e
         raise
 
 
@@ -400,8 +410,7 @@ def exp_lock(exp: Path) -> Iterator[None]:
         exp.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise AsrtrainError(f"{e.filename or exp}: cannot write the experiment directory: "
-                            f"{e.strerror}") from e
+        raise AsrtrainError(f"the experiment directory: {describe_os_error(e, exp)}") from e
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

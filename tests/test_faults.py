@@ -1,0 +1,243 @@
+"""Faults with real processes: the launcher killed, Ctrl-C and SIGTERM, a hung learner, a full
+disk, a read-only experiment, a run's leftovers. Each case asserts the exit status, one line
+naming the culprit, no traceback, no half-written ``*.tmp`` file and no process left behind, and
+that the same command then resumes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from test_e2e import REPO, SMALL
+
+# Long enough to be interrupted in the middle: the tests stop it as soon as epochs finish.
+LONG = ["trainer.epochs=400", "trainer.backend=adpsgd", "trainer.learners=4"]
+HANG_GUARD = 600  # seconds; a hang guard for a loaded machine, never a speed assertion
+
+
+@pytest.fixture(scope="module")
+def featured(tmp_path_factory) -> Path:
+    """An experiment with everything the CTC training reads (prepare, lang, features)."""
+    exp = tmp_path_factory.mktemp("faults") / "exp"
+    subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                    f"exp_dir={exp}", *SMALL, "--to", "features"], cwd=REPO, check=True,
+                   capture_output=True, timeout=HANG_GUARD)
+    return exp
+
+
+@pytest.fixture
+def exp(featured: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "exp"
+    shutil.copytree(featured, copy, symlinks=True)
+    return copy
+
+
+def command(exp: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", f"exp_dir={exp}",
+            *SMALL, *extra, "--to", "train"]
+
+
+def start(exp: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(command(exp, *extra), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def run(exp: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command(exp, *extra), cwd=REPO, capture_output=True, text=True,
+                          timeout=HANG_GUARD)
+
+
+def learners(exp: Path) -> dict[int, int]:
+    """{rank: pid} of the live learners of this experiment (``asrtrain train`` processes)."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            env = dict(v.split(b"=", 1) for v in (d / "environ").read_bytes().split(b"\0")
+                       if b"=" in v)
+            state = (d / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if (b"train" in cmd and str(exp).encode() in b" ".join(cmd) and b"RANK" in env
+                and state != "Z"):
+            found[int(env[b"RANK"])] = int(d.name)
+    return found
+
+
+def wait_for(predicate, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + HANG_GUARD
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (status {proc.returncode}) before {what}:\n"
+                                 + proc.stderr.read()[-3000:])
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
+def epochs_done(exp: Path, n: int = 2):
+    model = exp / "train" / "blstm_tiny"
+    return lambda: (sum(bool(re.fullmatch(r"epoch-\d+\.pt", p.name)) for p in model.glob("*"))
+                    >= n and len(learners(exp)) >= 4)
+
+
+def one_error_line(stderr: str) -> str:
+    """The run's last line, which must be its only ``asrtrain:`` line; no traceback."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    # a learner's progress bar may still hold the line when the launcher's error comes
+    lines = [line[line.index("asrtrain: "):] for line in re.split(r"[\r\n]", stderr)
+             if "asrtrain: " in line]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def no_leftovers(exp: Path) -> None:
+    assert not list(exp.rglob("*.tmp")), list(exp.rglob("*.tmp"))
+    wait_for(lambda: not learners(exp), "every learner to end")
+
+
+def resumes(exp: Path) -> None:
+    """The same command (fewer epochs, a resumable setting) continues from a checkpoint."""
+    out = run(exp, *LONG[1:], "trainer.epochs=3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(r"resuming after epoch \d+ from", out.stderr), out.stderr[-3000:]
+    assert (exp / "train" / "blstm_tiny" / "final.pt").is_file()
+    assert (exp / ".done" / "train").is_file()
+
+
+@pytest.mark.timeout(HANG_GUARD * 3)
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_run_says_so_in_one_line_and_resumes(exp: Path, sig, status) -> None:
+    proc = start(exp, *LONG)
+    wait_for(epochs_done(exp), "two epochs", proc)
+    os.kill(proc.pid, sig)  # the launcher only, as a terminal's Ctrl-C or a scheduler does
+    _, stderr = proc.communicate(timeout=HANG_GUARD)
+    assert proc.returncode == status
+    line = one_error_line(stderr)
+    assert line == (f"asrtrain: stage train interrupted by {sig.name}: what finished is kept; "
+                    "run the same command to resume")
+    no_leftovers(exp)
+    assert not (exp / ".done" / "train").exists()
+    resumes(exp)
+
+
+@pytest.mark.timeout(HANG_GUARD * 3)
+def test_learners_die_with_a_killed_launcher(exp: Path) -> None:
+    proc = start(exp, *LONG)
+    wait_for(epochs_done(exp), "two epochs", proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=HANG_GUARD)
+    no_leftovers(exp)  # no orphan trains on with nobody to record its result
+    assert not (exp / "train" / "blstm_tiny" / "final.pt").exists()
+    resumes(exp)
+
+
+@pytest.mark.timeout(HANG_GUARD * 3)
+def test_a_hung_learner_is_named_and_the_run_ends(exp: Path) -> None:
+    proc = start(exp, *LONG, "trainer.timeout_s=15")
+    wait_for(epochs_done(exp), "two epochs", proc)
+    os.kill(learners(exp)[2], signal.SIGSTOP)
+    _, stderr = proc.communicate(timeout=HANG_GUARD)
+    assert proc.returncode == 1
+    line = one_error_line(stderr)
+    assert line.startswith("asrtrain: error: learner rank 2 failed first"), line
+    assert "rank 2 stopped" in line  # in the words of the learner that waited for it
+    no_leftovers(exp)
+    resumes(exp)
+
+
+@pytest.mark.timeout(HANG_GUARD * 2)
+def test_a_learner_that_dies_is_named(exp: Path) -> None:
+    proc = start(exp, *LONG)
+    wait_for(epochs_done(exp), "two epochs", proc)
+    os.kill(learners(exp)[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=HANG_GUARD)
+    assert proc.returncode == 1
+    line = one_error_line(stderr)
+    assert line.startswith("asrtrain: error: learner rank 1 failed first (exit code -9"), line
+    no_leftovers(exp)
+
+
+def test_leftover_temporaries_of_a_killed_run_are_removed(exp: Path) -> None:
+    stale = [exp / "feats" / ".raw_fbank.ark.x1y2.tmp", exp / "train" / ".epoch-3.pt.tmp"]
+    stale[1].parent.mkdir(parents=True, exist_ok=True)
+    for p in stale:
+        p.write_bytes(b"half")
+    out = subprocess.run([*command(exp), "--to", "features"], cwd=REPO, capture_output=True,
+                         text=True, timeout=HANG_GUARD)
+    assert out.returncode == 0, out.stderr
+    assert "removed 2 half-written temporary file(s)" in out.stderr
+    assert not any(p.exists() for p in stale)
+
+
+def test_nj_must_be_a_positive_whole_number(exp: Path) -> None:
+    for bad in ("0", "-2", "four"):
+        out = run(exp, f"nj={bad}", "--force", "features")
+        assert out.returncode == 1
+        assert "nj=" in one_error_line(out.stderr)
+        assert "starts" not in out.stderr
+
+
+# -- the file system: these need a small file system of their own (root mounts a tmpfs) --------
+
+@contextmanager
+def tmpfs(path: Path, size_kb: int) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                   check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+needs_mount = pytest.mark.skipif(not can_mount(), reason="a full disk and a read-only file "
+                                 "system are made with tmpfs mounts, which need root")
+
+
+@needs_mount
+def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", 3000) as fs:
+        exp = fs / "exp"
+        args = [sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", f"exp_dir={exp}",
+                *SMALL, "--to", "features"]
+        out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD)
+        assert out.returncode == 1
+        line = one_error_line(out.stderr)
+        assert line.startswith("asrtrain: error: stage features: no space left on the device")
+        assert not list(exp.rglob("*.tmp"))
+        assert (exp / ".done" / "prepare").is_file() and not (exp / ".done" / "features").exists()
+        prepared = {p: p.read_bytes() for p in (exp / "data").rglob("*") if p.is_file()}
+        subprocess.run(["mount", "-o", "remount,size=80000k", str(fs)], check=True)
+        again = subprocess.run(args, cwd=REPO, capture_output=True, text=True,
+                               timeout=HANG_GUARD)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "stage prepare       already done" in again.stderr
+        assert all(p.read_bytes() == b for p, b in prepared.items() if p.name != "feats.scp"
+                   and p.name != "cmvn.scp")
+
+
+@needs_mount
+def test_a_read_only_experiment_is_one_line(featured: Path, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro", 80000) as fs:
+        shutil.copytree(featured, fs / "exp", symlinks=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        out = run(fs / "exp", "--force", "features")
+        assert out.returncode == 1
+        line = one_error_line(out.stderr)
+        assert "cannot write" in line and "Read-only file system" in line
