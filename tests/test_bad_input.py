@@ -189,12 +189,12 @@ def dd_empty_transcript(tmp: Path, good: GoodRun) -> Case:
     return Case([_sets(d, good)], [f"{d}/text:2: utterance spk0-utt1 has an empty transcript"])
 
 
-def _duplicate_line(table: str, lineno: int, key: str) -> Callable[[Path, GoodRun], Case]:
+def _duplicate_line(table: str, key: str) -> Callable[[Path, GoodRun], Case]:
     def case(tmp: Path, good: GoodRun) -> Case:
         d = _bad_datadir(tmp)
         lines = (d / table).read_text().splitlines(True)
-        # A second line for the key right after the first, with another value: before this was
-        # refused, the last line won silently.
+        # A second line for the key right after the first, with another value: the error names
+        # both lines (one of them would win silently otherwise).
         first = next(i for i, x in enumerate(lines) if x.split()[0] == key)
         other = lines[(first + 1) % len(lines)].split(maxsplit=1)[1]
         lines.insert(first + 1, f"{key} {other}")
@@ -330,9 +330,9 @@ DATADIR_CASES = {f.__name__: f for f in (
     dd_unsorted_utt2spk, dd_truncated_wav, dd_truncated_sphere, dd_garbage_sphere_header,
     dd_wrong_rate, dd_characters_outside_units, dd_truncated_after_prepare)}
 DATADIR_CASES.update({
-    "dd_duplicate_text_key": _duplicate_line("text", 6, "spk1-utt2"),
-    "dd_duplicate_utt2spk_key": _duplicate_line("utt2spk", 1, "spk0-utt0"),
-    "dd_duplicate_wav_key": _duplicate_line("wav.scp", 3, "spk0-utt2"),
+    "dd_duplicate_text_key": _duplicate_line("text", "spk1-utt2"),
+    "dd_duplicate_utt2spk_key": _duplicate_line("utt2spk", "spk0-utt0"),
+    "dd_duplicate_wav_key": _duplicate_line("wav.scp", "spk0-utt2"),
 })
 
 
