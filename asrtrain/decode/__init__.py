@@ -9,9 +9,13 @@ Every decoder writes one decode-dir layout (docs/architecture.md)::
 
 The graph decoders try several settings (acoustic scales, LM weights x insertion penalties):
 ``score_candidates`` scores each candidate's words through ``score_decode`` in a temporary
-decode dir, and ``write_decode_dir`` writes the chosen one.  Their options are typed configs
-with the defaults in one place, here: ``GmmDecodeConfig`` and ``HybridDecodeConfig``
-(``from_config`` takes the YAML mapping, rejects unknown keys and values of the wrong type).
+decode dir, and ``write_decode_dir`` writes the chosen one.  Where the choice is made is the
+recipe's ``score.tune_on`` (``tuning_set``): on each test set itself (Kaldi's habit, an
+optimistic figure) or on the dev set, whose best setting the test sets are then decoded with
+(a held-out figure; ``note_tuned_on`` records it in the test set's ``decode.json``).  Their
+options are typed configs with the defaults in one place, here: ``GmmDecodeConfig`` and
+``HybridDecodeConfig`` (``from_config`` takes the YAML mapping, rejects unknown keys and values
+of the wrong type).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import TYPE_CHECKING, TypeVar
 from asrtrain import AsrtrainError
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from asrtrain.data.datadir import DataDir
     from asrtrain.decode.ctc import TimedWord
     from asrtrain.score import Counts
@@ -208,3 +214,54 @@ def write_decode_dir(out_dir: Path, words: Mapping[str, list[str]],
             summary["wer"] = counts_json(counts)
         write_text(tmp / "decode.json", json.dumps(summary, indent=1) + "\n")
     return counts
+
+
+# ---------------------------------------------------------------------------- held-out choice
+TUNE_ON = ("auto", "test", "dev")
+
+
+def tuning_set(cfg: DictConfig) -> str | None:
+    """The set whose best decoding setting (LM weight and insertion penalty, GMM acoustic scale)
+    the test sets are decoded with, from ``score.tune_on``; None when each test set keeps its
+    own best, as Kaldi's scoring does (an optimistic figure).
+
+    ``dev`` chooses on ``sets.dev``, ``test`` on the test set itself; ``auto`` (the default) holds
+    the choice out on the dev set for your own corpora (``corpus.kind: datadir``), whose figure
+    nobody can check against a published one, and keeps Kaldi's habit for the LDC and tiny
+    recipes, so their figures compare with Kaldi's."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, "score.tune_on", default="auto")
+    if value not in TUNE_ON:
+        raise AsrtrainError(f"score.tune_on={value!r}: expected one of {', '.join(TUNE_ON)}")
+    on_dev = value == "dev" or (value == "auto"
+                                and OmegaConf.select(cfg, "corpus.kind") == "datadir")
+    return str(cfg.sets.dev) if on_dev else None
+
+
+def tuning_config(cfg: DictConfig) -> dict[str, str]:
+    """``score.tune_on``'s share of a decoding stage's digest: the dev set when the choice is
+    held out there, nothing otherwise (so the digests of recipes that choose on the test set,
+    as before the setting existed, stay as they were)."""
+    dev = tuning_set(cfg)
+    return {"score.tune_on": dev} if dev else {}
+
+
+def check_tuning_set(data_dir: Path, key: str) -> None:
+    """A dev set to choose on must have something to score against."""
+    if not can_score(data_dir):
+        raise AsrtrainError(f"score.tune_on: {data_dir} has no stm or text to choose the "
+                            f"{key} on; give the dev set a text, or set score.tune_on=test")
+
+
+def note_tuned_on(out_dir: Path, dev: str) -> None:
+    """Record in ``out_dir/decode.json`` that its one (fixed) setting is the best one on the
+    dev set ``dev``: the decoder only saw a fixed setting and says so."""
+    from asrtrain.fileio import write_text
+
+    path = Path(out_dir) / "decode.json"
+    summary = json.loads(path.read_text())
+    summary["tuned_on"] = dev
+    summary["selection"] = (f"chosen on {dev} (held out) as the best there, then fixed for this "
+                            "set")
+    write_text(path, json.dumps(summary, indent=1) + "\n")

@@ -25,8 +25,8 @@ from asrtrain.score.align import Counts, align_words
 from asrtrain.score.hub5 import SUBSETS, SystemResult, in_subset, read_checked, score_hub5_python
 from asrtrain.score.plain import score_text, wer_counts
 
-__all__ = ["Counts", "SUBSETS", "align_words", "counts_json", "report_name", "report_wer",
-           "score_decode", "score_hub5", "wer_counts"]
+__all__ = ["Counts", "SUBSETS", "align_words", "counts_json", "describe_scoring", "report_name",
+           "report_wer", "score_decode", "score_hub5", "scoring_of", "wer_counts"]
 
 BACKENDS = ("python", "sclite")
 
@@ -63,6 +63,22 @@ def score_decode(data_dir: Path, decode_dir: Path, *, kaldi_filter: bool = True,
     log.debug("scored %s: %s", decode_dir,
               ", ".join(f"{k} {c.wer:.2f}%" for k, c in counts.items()))
     return counts
+
+
+def scoring_of(data_dir: Path) -> str:
+    """How ``score_decode`` scores against ``data_dir``: ``hub5`` (it has an stm) or ``plain``."""
+    return "hub5" if (Path(data_dir) / "stm").is_file() else "plain"
+
+
+def describe_scoring(data_dir: Path) -> str:
+    """One line for the logs that says which rules apply, and claims Hub5 rules only where they
+    do."""
+    data_dir = Path(data_dir)
+    if scoring_of(data_dir) == "hub5":
+        glm = "with its glm" if (data_dir / "glm").is_file() else "without a glm"
+        return (f"Hub5 rules: ctm against {data_dir / 'stm'} {glm}, for all, swbd and callhm")
+    return (f"plain per-utterance WER of text against {data_dir / 'text'} (no stm, so no Hub5 "
+            "rules: no glm, no CTM filter, no subsets)")
 
 
 def _need(path: Path, why: str) -> None:

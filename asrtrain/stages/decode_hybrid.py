@@ -1,47 +1,91 @@
 """Stage ``decode_hybrid``: the hybrid model's pseudo log-likelihoods through the last GMM
-pass's HCLG, Kaldi's LM-weight x insertion-penalty sweep, and the WER of each test set."""
+pass's HCLG, Kaldi's LM-weight x insertion-penalty sweep, and the WER of each test set.
+
+Where the sweep's best setting is chosen is ``score.tune_on`` (``asrtrain.decode.tuning_set``):
+on each test set itself, as Kaldi's scoring does, or on the dev set, which is decoded first and
+whose best setting every test set is then decoded with (a held-out figure)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from asrtrain.pipeline import Stage, StageContext
+from asrtrain.pipeline import Stage, StageContext, select
 from asrtrain.stages.train_hybrid import hybrid_config
+
+log = logging.getLogger("asrtrain")
 
 
 def run(ctx: StageContext) -> None:
+    from asrtrain.decode import HybridDecodeConfig, check_tuning_set, tuning_set
     from asrtrain.decode.graph import make_graph
-    from asrtrain.decode.hybrid import decode_hybrid
-    from asrtrain.score import report_wer
+    from asrtrain.report import write_results
 
     cfg, paths = ctx.cfg, ctx.paths
     hcfg = hybrid_config(cfg, paths)
-    system = str(hcfg.model.name)
     last = Path(hcfg.model.alignments.train)
     graph = last / "graph"
     if not (graph / "HCLG.fst").is_file():
         make_graph(paths.lang, paths.lm, last, graph)
     options = _options(hcfg.hybrid)
+    dev = tuning_set(cfg)
+    if dev and len(HybridDecodeConfig.from_config(options).settings()) > 1:
+        check_tuning_set(paths.data_set(dev), "LM weight and insertion penalty")
+        best = _decode_set(ctx, hcfg, graph, dev, options, None)
+        options = {**options, "lmwt": best["lmwt"], "wip": best["wip"]}
+        log.info("decode_hybrid: LM weight %d, insertion penalty %.1f chosen on %s (held out) "
+                 "for %s", best["lmwt"], best["wip"], dev, ", ".join(cfg.sets.test))
+    else:
+        dev = None
     for name in cfg.sets.test:
-        dec = paths.decode_dir(system, name)
-        summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph,
-                                paths.data_set(name), dec, options)
-        if "counts" in summary:
-            report_wer(str(name), system, summary["counts"], dec / "score")
+        _decode_set(ctx, hcfg, graph, str(name), options, dev)
+    write_results(paths.exp)
+
+
+def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, options: dict,
+                tuned_on: str | None) -> dict:
+    """Decode and score one set; report and record its WER; return the decoder's summary."""
+    from asrtrain.decode import HybridDecodeConfig, note_tuned_on
+    from asrtrain.decode.hybrid import decode_hybrid
+    from asrtrain.report import chosen_on, record_result
+    from asrtrain.score import describe_scoring, report_wer
+
+    paths = ctx.paths
+    system = str(hcfg.model.name)
+    data, dec = paths.data_set(name), paths.decode_dir(system, name)
+    log.info("decode_hybrid %s %s: %s", system, name, describe_scoring(data))
+    summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph, data, dec, options)
+    if tuned_on:
+        note_tuned_on(dec, tuned_on)
+    if summary.get("counts"):
+        report_wer(name, system, summary["counts"], dec / "score")
+        n = len(HybridDecodeConfig.from_config(options).settings())
+        record_result(ctx, dec, system, "hybrid", name, summary["counts"], data,
+                      {"lmwt": summary["lmwt"], "wip": summary["wip"]},
+                      chosen_on(n, name, tuned_on))
+    return summary
 
 
 def check(cfg: DictConfig) -> None:
-    from asrtrain.decode import HybridDecodeConfig
+    from asrtrain.decode import HybridDecodeConfig, tuning_set
 
     HybridDecodeConfig.from_config(_options(cfg.hybrid))
+    tuning_set(cfg)
 
 
 def _options(hybrid: DictConfig) -> dict:
     return OmegaConf.to_container(hybrid.decode, resolve=True) if "decode" in hybrid else {}
 
 
+def _config(cfg: DictConfig) -> dict:
+    """``hybrid.decode``, and the dev set when the sweep's choice is held out there."""
+    from asrtrain.decode import tuning_config
+
+    return {"hybrid.decode": select(cfg, "hybrid.decode"), **tuning_config(cfg)}
+
+
 STAGE = Stage("decode_hybrid", run, reads=("train_hybrid", "align", "lm", "lang", "features"),
-              config=("hybrid.decode",), check=check,
-              doc="hybrid decoding through HCLG, LM-weight sweep, Hub5 scoring")
+              config=_config, check=check,
+              doc="hybrid decoding through HCLG, LM-weight sweep, scoring of the test sets")

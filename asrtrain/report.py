@@ -1,0 +1,273 @@
+"""Results at a glance: one table of every system and GMM pass scored in an experiment.
+
+As Kaldi's ``RESULTS`` and ESPnet's ``RESULTS.md``: every scoring step (the ``score``, ``align``
+and ``decode_hybrid`` stages) leaves ``<decode dir>/score/result.json`` beside its reports (the
+WER per subset, the decoding setting used and where it was chosen, the stage and its config
+digest, the date) and rewrites ``<exp>/RESULTS.md`` from all of them; ``asrtrain run`` ends by
+printing the short table, skipped stages included, and ``asrtrain report`` prints the whole one.
+Decode dirs scored before ``result.json`` existed are read from their ``score/wer``, their
+``decode.json`` and the stage's ``.done`` record.
+
+Usage::
+
+    record_result(ctx, dec, "tri2", "GMM", "eval2000", counts, data_dir,
+                  {"acoustic_scale": 0.0833}, "eval2000")
+    write_results(paths.exp)          # exp/tiny/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from asrtrain import AsrtrainError
+from asrtrain.fileio import write_text
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from asrtrain.pipeline import StageContext
+    from asrtrain.score import Counts
+
+RESULT = "result.json"
+RESULTS_MD = "RESULTS.md"
+#: The scoring stages in pipeline order, and the kind of system each scores.
+STAGE_KINDS = {"score": "CTC", "align": "GMM", "decode_hybrid": "hybrid"}
+SUBSET_NAMES = {"all": "WER", "swbd": "SWB", "callhm": "CallHome"}
+
+
+@dataclass
+class Result:
+    """One scored decode: ``wer`` per subset as ``counts_json`` gives it (``wer`` in percent,
+    ``sub``, ``dels``, ``ins``, ``ref_words``, ...); ``chosen_on`` is the set the setting was
+    chosen on, ``"config"`` when it was fixed, None when there was nothing to choose."""
+
+    system: str
+    kind: str
+    set: str
+    scoring: str
+    wer: dict[str, dict]
+    setting: dict
+    chosen_on: str | None
+    stage: str
+    digest: str | None
+    date: str | None
+    time: float = 0.0
+
+
+def record_result(ctx: StageContext, decode_dir: Path, system: str, kind: str, set_name: str,
+                  counts: Mapping[str, Counts], data_dir: Path, setting: Mapping,
+                  chosen_on: str | None) -> None:
+    """Write ``decode_dir/score/result.json`` for the running stage (its name and digest)."""
+    from asrtrain.score import counts_json, scoring_of
+
+    result = Result(system, kind, set_name, scoring_of(data_dir), counts_json(dict(counts)),
+                    dict(setting), chosen_on, ctx.stage.name, ctx.digest,
+                    time.strftime("%Y-%m-%d %H:%M"), time.time())
+    write_text(Path(decode_dir) / "score" / RESULT, json.dumps(asdict(result), indent=1) + "\n")
+
+
+def chosen_on(n_settings: int, set_name: str, tuned_on: str | None) -> str | None:
+    """Where a graph decoder's setting came from: the dev set it was tuned on, ``config`` when
+    the config fixed it, else the scored set itself (Kaldi's habit)."""
+    return tuned_on or ("config" if n_settings == 1 else set_name)
+
+
+# ---------------------------------------------------------------------------- reading
+def collect(exp: Path) -> list[Result]:
+    """Every scored decode dir of ``exp``, in pipeline order (CTC, GMM passes, hybrid), then in
+    the order they were scored."""
+    exp = Path(exp)
+    results = []
+    for score_dir in sorted(exp.glob("decode/*/*/score")):
+        result = _read(score_dir / RESULT) if (score_dir / RESULT).is_file() else _legacy(
+            exp, score_dir)
+        if result is not None:
+            results.append(result)
+    order = list(STAGE_KINDS)
+    return sorted(results, key=lambda r: (order.index(r.stage) if r.stage in order else
+                                          len(order), r.time, r.system, r.set))
+
+
+def _read(path: Path) -> Result:
+    try:
+        return Result(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as e:
+        raise AsrtrainError(f"{path}: not a result record ({e}); rescore, or delete it") from e
+
+
+_WER = re.compile(r"^(\S+)_(all|swbd|callhm) WER (\S+)% \[ (\d+) / (\d+), (\d+) ins, (\d+) del, "
+                  r"(\d+) sub \] (\S+)$")
+
+
+def _legacy(exp: Path, score_dir: Path) -> Result | None:
+    """A decode dir scored before ``result.json``: ``score/wer``, ``decode.json``, the record."""
+    if not (score_dir / "wer").is_file():
+        return None
+    wer: dict[str, dict] = {}
+    set_name = system = ""
+    for line in (score_dir / "wer").read_text().splitlines():
+        m = _WER.match(line.strip())
+        if m:
+            set_name, system = m.group(1), m.group(9)
+            wer[m.group(2)] = {"wer": float(m.group(3)), "err": int(m.group(4)),
+                               "ref_words": int(m.group(5)), "ins": int(m.group(6)),
+                               "dels": int(m.group(7)), "sub": int(m.group(8))}
+    if not wer:
+        return None
+    decode_json = score_dir.parent / "decode.json"
+    summary = json.loads(decode_json.read_text()) if decode_json.is_file() else {}
+    if "acoustic_scale" in summary:
+        stage, setting = "align", {"acoustic_scale": summary["acoustic_scale"]}
+    elif "lmwt" in summary:
+        stage, setting = "decode_hybrid", {"lmwt": summary["lmwt"], "wip": summary["wip"]}
+    else:
+        stage, setting = "score", {}
+    selection = str(summary.get("selection", ""))
+    chosen = (summary.get("tuned_on") or ("config" if selection.startswith("fixed") else
+                                          set_name if summary else None))
+    from asrtrain.pipeline import read_marker
+
+    record = read_marker(exp / ".done" / stage) or {}
+    return Result(system, STAGE_KINDS[stage], set_name, "hub5" if "swbd" in wer else "plain", wer,
+                  setting, chosen, stage, record.get("digest"), record.get("finished"),
+                  (score_dir / "wer").stat().st_mtime)
+
+
+# ---------------------------------------------------------------------------- formatting
+def _wer(r: Result, subset: str) -> str:
+    return f"{r.wer[subset]['wer']:.2f}" if subset in r.wer else "–"
+
+
+def _errors(r: Result) -> str:
+    c = r.wer.get("all", {})
+    return f"{c.get('sub', 0)} / {c.get('dels', 0)} / {c.get('ins', 0)}"
+
+
+def _setting(r: Result) -> str:
+    s = r.setting
+    if "lmwt" in s:
+        return f"LM weight {s['lmwt']}, insertion penalty {s['wip']}"
+    if "acoustic_scale" in s:
+        return f"acoustic scale {s['acoustic_scale']:.4g} (LM weight {1 / s['acoustic_scale']:.3g})"
+    return str(s.get("decoder", "–"))
+
+
+def _chosen(r: Result) -> str:
+    if r.chosen_on is None:
+        return "–"
+    if r.chosen_on == "config":
+        return "fixed by the config"
+    if r.chosen_on == r.set:
+        return f"{r.set} itself (optimistic)"
+    return f"{r.chosen_on} (held out)"
+
+
+def _digest(r: Result, current: Mapping[str, str | None]) -> str:
+    if not r.digest:
+        return f"{r.stage} (unrecorded)"
+    now = current.get(r.stage)
+    older = " (an earlier run)" if now and now != r.digest else ""
+    return f"{r.stage} {r.digest[:8]}{older}"
+
+
+def _current_digests(exp: Path) -> dict[str, str | None]:
+    from asrtrain.pipeline import read_marker
+
+    return {s: (read_marker(Path(exp) / ".done" / s) or {}).get("digest") for s in STAGE_KINDS}
+
+
+def results_markdown(exp: Path, results: Sequence[Result]) -> str:
+    """``RESULTS.md``: a short preamble, then one row per scored decode dir."""
+    current = _current_digests(exp)
+    header = ["system", "kind", "set", "WER", "SWB", "CallHome", "sub / del / ins", "words",
+              "setting", "chosen on", "stage digest", "date"]
+    rows = [[r.system, r.kind, r.set, _wer(r, "all"), _wer(r, "swbd"), _wer(r, "callhm"),
+             _errors(r), str(r.wer.get("all", {}).get("ref_words", "–")), _setting(r),
+             _chosen(r), _digest(r, current), r.date or "–"] for r in results]
+    lines = [f"# Results: {exp}", "",
+             "Every system and GMM pass scored so far, rewritten by each scoring step (the score, "
+             "align and decode_hybrid stages); `asrtrain report` prints it. WER in percent: "
+             "Hub5 scoring (hubscr.pl's Sum/Avg, with SWB and CallHome) for sets with an stm, "
+             "plain per-utterance WER of the text otherwise. *setting*: the LM weight and "
+             "insertion penalty (hybrid) or acoustic scale (GMM) used; *chosen on*: the test set "
+             "itself (Kaldi's habit, an optimistic figure), the dev set (held out: "
+             "`score.tune_on`), or the config. *stage digest*: the stage's config digest "
+             "(`.done/<stage>`) when it scored. Reports: `decode/<system>/<set>/score/`.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def results_text(results: Sequence[Result]) -> str:
+    """The short table ``asrtrain run`` ends with (no line starts with a set name)."""
+    header = ["system", "kind", "set", "WER", "SWB", "CallHome", "sub/del/ins", "chosen on"]
+    rows = [header] + [[r.system, r.kind, r.set, _wer(r, "all"), _wer(r, "swbd"),
+                        _wer(r, "callhm"), _errors(r).replace(" ", ""), _chosen(r)]
+                       for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows) + "\n"
+
+
+def write_results(exp: Path) -> Path | None:
+    """Rewrite ``exp/RESULTS.md`` from every scored decode dir (None: nothing scored yet)."""
+    results = collect(exp)
+    if not results:
+        return None
+    path = Path(exp) / RESULTS_MD
+    write_text(path, results_markdown(Path(exp), results))
+    return path
+
+
+def print_summary(cfg: DictConfig, dry_run: bool = False) -> None:
+    """The end of ``asrtrain run``: every system's WER stored in the exp dir, whichever stages
+    ran (a run that skipped every stage still shows them); writes ``RESULTS.md`` if an older
+    run left none."""
+    exp = Path(cfg.exp_dir)
+    if dry_run or not exp.is_dir():
+        return
+    results = collect(exp)
+    if not results:
+        return
+    if not (exp / RESULTS_MD).is_file():
+        write_results(exp)
+    click.echo(f"Results ({exp / RESULTS_MD}):\n" + results_text(results), nl=False)
+
+
+# ---------------------------------------------------------------------------- command
+def _exp_dir(target: Path, overrides: Sequence[str]) -> Path:
+    if (target / "recipe.yaml").is_file():
+        from asrtrain.recipe import compose_recipe
+
+        return Path(compose_recipe(target, overrides).exp_dir)
+    if overrides:
+        raise AsrtrainError(f"{target}: overrides {' '.join(overrides)} need a recipe dir "
+                            "(with recipe.yaml), not an exp dir")
+    return target
+
+
+@click.command("report", context_settings={"ignore_unknown_options": True})
+@click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--short", is_flag=True, help="The short table `asrtrain run` ends with.")
+@click.option("--write", is_flag=True, help="Also rewrite <exp>/RESULTS.md (e.g. for an "
+              "experiment scored before RESULTS.md existed).")
+def report_command(target: Path, overrides: tuple[str, ...], short: bool, write: bool) -> None:
+    """Print the results table of an experiment: TARGET is a recipe dir (with its OVERRIDES,
+    e.g. `exp_dir=...`) or an exp dir, e.g. `asrtrain report recipes/tiny`."""
+    exp = _exp_dir(target, overrides)
+    results = collect(exp) if exp.is_dir() else []
+    if not results:
+        raise AsrtrainError(f"{exp}: no scored system (no decode/<system>/<set>/score/wer); "
+                            "run the recipe's decoding and scoring stages first")
+    if write:
+        write_results(exp)
+    click.echo(results_text(results) if short else results_markdown(exp, results), nl=False)
