@@ -75,6 +75,7 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
 
     from asrtrain.pipeline import run_recipe
     from asrtrain.recipe import compose_recipe
+    from asrtrain.report import print_summary
     from asrtrain.stages import STAGES
 
     _setup_logging(verbose)
@@ -84,6 +85,7 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
         return
     names = [n for f in force for n in f.split(",") if n]
     run_recipe(cfg, STAGES, start, stop, True if "all" in names else set(names), dry_run)
+    print_summary(cfg, dry_run)
 
 
 @main.command()
@@ -107,8 +109,10 @@ def train(config: str, verbose: bool) -> None:
 
 def _register() -> None:
     from asrtrain.distributed.topology import topology_command
+    from asrtrain.report import report_command
     from asrtrain.score.command import score_command
 
+    main.add_command(report_command, "report")
     main.add_command(score_command, "score")
     main.add_command(topology_command, "topology")
     main.add_command(__import__("asrtrain.transcribe").transcribe.transcribe_command, "transcribe")
