@@ -87,6 +87,8 @@ def collect(exp: Path) -> list[Result]:
     exp = Path(exp)
     results = []
     for score_dir in sorted(exp.glob("decode/*/*/score")):
+        if any(part.startswith(".") for part in score_dir.relative_to(exp).parts):
+            continue      # a decode dir being written (atomic_dir's temporary name)
         result = _read(score_dir / RESULT) if (score_dir / RESULT).is_file() else _legacy(
             exp, score_dir)
         if result is not None:
