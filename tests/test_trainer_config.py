@@ -88,3 +88,28 @@ def test_checking_a_config_imports_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ("trainer.learners=four", "trainer.learners='four': expected an integer >= 1"),
+    ("trainer.epochs=0", "trainer.epochs=0: expected an integer >= 1"),
+    ("trainer.epochs=-1", "trainer.epochs=-1: expected an integer >= 1"),
+    ("trainer.batch_frames=0", "trainer.batch_frames=0: expected an integer >= 1"),
+    ("hybrid.trainer.batch_chunks=0", "hybrid.trainer.batch_chunks=0: expected an integer >= 1"),
+    ("trainer.keep_checkpoints=-1", "trainer.keep_checkpoints=-1: expected an integer >= 0"),
+    ("+trainer.unknown_key=1", "trainer.unknown_key: unknown setting; known: anneal_factor"),
+    ("+hybrid.trainer.unknown_key=1", "hybrid.trainer.unknown_key: unknown setting; known: "),
+])
+def test_the_cli_refuses_a_bad_trainer_setting_in_one_line(tmp_path: Path, override: str,
+                                                           named: str) -> None:
+    exp = tmp_path / "exp"
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                           f"exp_dir={exp}", override], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"asrtrain: error: {named}"), lines
+    if "unknown setting" in named:
+        assert "keep_checkpoints" in lines[0] and "batch_frames" in lines[0]  # the valid keys
+    assert not exp.exists()  # refused before anything on disk moved

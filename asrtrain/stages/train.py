@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.recipe import Paths
 
 
 def check_trainer(trainer: DictConfig) -> None:
@@ -13,6 +16,22 @@ def check_trainer(trainer: DictConfig) -> None:
     from asrtrain.train.config import TrainerConfig
 
     TrainerConfig.from_config(trainer)
+
+
+def final_model_damage(model_dir: Path) -> str | None:
+    """Why a finished run's ``final.pt`` cannot be used (missing, cut short, altered), or None.
+    The rerun then resumes: from the last good epoch checkpoint, writing ``final.pt`` again."""
+    from asrtrain.models.checksum import damage
+
+    final = model_dir / "final.pt"
+    why = damage(final)
+    if why is None:
+        return None
+    return f"{final} is missing" if why == "missing" else f"{final}: {why}"
+
+
+def _verify(cfg: DictConfig, paths: Paths) -> str | None:
+    return final_model_damage(paths.model_dir(str(cfg.model.name)))
 
 
 def run(ctx: StageContext) -> None:
@@ -33,5 +52,5 @@ IGNORED, RESUMABLE_KEYS = trainer_keys("trainer")
 
 STAGE = Stage("train", run, reads=("features", "lang"), config=("model", "trainer"),
               ignored=IGNORED, resumable=RESUMABLE_KEYS,
-              check=lambda cfg: check_trainer(cfg.trainer),
+              check=lambda cfg: check_trainer(cfg.trainer), verify=_verify,
               doc="acoustic model training (CTC)")

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths
 from asrtrain.stages.align import final_alignments
-from asrtrain.stages.train import check_trainer, trainer_keys
+from asrtrain.stages.train import check_trainer, final_model_damage, trainer_keys
 
 
 def hybrid_config(cfg: DictConfig, paths: Paths) -> DictConfig:
@@ -28,7 +28,23 @@ def run(ctx: StageContext) -> None:
 
 
 def _trainer(cfg: DictConfig) -> DictConfig:
-    return OmegaConf.merge(cfg.trainer, cfg.hybrid.get("trainer") or {})
+    """``trainer`` with ``hybrid.trainer`` over it; merged as plain data, so a key unknown to
+    ``trainer`` reaches the check, which names it, instead of a struct error."""
+    return OmegaConf.merge(OmegaConf.to_container(cfg.trainer, resolve=True),
+                           OmegaConf.to_container(cfg.hybrid.get("trainer") or {}, resolve=True))
+
+
+def _check(cfg: DictConfig) -> None:
+    """``hybrid.trainer``'s own keys and values first, so an error names the key as it was
+    given; then the settings in effect."""
+    from asrtrain.train.config import TrainerConfig
+
+    TrainerConfig.check_section(cfg.hybrid.get("trainer"), "hybrid.trainer")
+    check_trainer(_trainer(cfg))
+
+
+def _verify(cfg: DictConfig, paths: Paths) -> str | None:
+    return final_model_damage(paths.model_dir(str(cfg.hybrid.model.name)))
 
 
 def _settings(cfg: DictConfig) -> dict:
@@ -39,5 +55,5 @@ def _settings(cfg: DictConfig) -> dict:
 
 STAGE = Stage("train_hybrid", run, reads=("align", "features"), config=_settings,
               ignored=trainer_keys("trainer")[0], resumable=trainer_keys("trainer")[1],
-              check=lambda cfg: check_trainer(_trainer(cfg)),
+              check=_check, verify=_verify,
               doc="hybrid BLSTM, frame CE on chunks of the alignments' pdf ids")

@@ -162,10 +162,16 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
 
 
 def _resume(run: _Run) -> tuple[int, int]:
-    """Load the last good checkpoint of ``run.out_dir`` if there is one (those cut short or
-    altered are skipped, with a warning): (its epoch, its samples)."""
-    _check_not_past(run.out_dir, run.tcfg.epochs)
-    start_epoch, ckpt = checkpoint.last_good_epoch(run.out_dir, run.tcfg.epochs)
+    """Load the last good checkpoint of ``run.out_dir`` up to ``trainer.epochs`` if there is
+    one (those cut short or altered are skipped, with a warning): (its epoch, its samples).
+    Fewer epochs than a run trained go on from the last kept epoch up to them (the schedule
+    does not depend on the number of epochs, so the model is the one such a run gives)."""
+    epochs = run.tcfg.epochs
+    start_epoch, ckpt = checkpoint.last_good_epoch(run.out_dir, epochs)
+    trained = checkpoint.latest_epoch(run.out_dir)
+    if run.backend.is_main and trained > epochs:
+        log.info("%s: %d epochs trained already, more than trainer.epochs=%d: going on from "
+                 "epoch %d", run.out_dir, trained, epochs, start_epoch)
     if ckpt is None:
         return 0, 0
     run.model.load_state_dict(ckpt.model)
@@ -176,16 +182,6 @@ def _resume(run: _Run) -> tuple[int, int]:
         if run.tcfg.keep_checkpoints:  # which kept one is the best
             run.dev_losses = checkpoint.dev_losses(run.out_dir, start_epoch)
     return start_epoch, int(ckpt.global_samples or 0)
-
-
-def _check_not_past(out_dir: Path, epochs: int) -> None:
-    """Fewer epochs than a run already trained can only stop at a kept epoch checkpoint."""
-    done = checkpoint.epochs(out_dir)
-    if done and done[-1] > epochs and epochs not in done:
-        raise AsrtrainError(
-            f"{out_dir}: trainer.epochs={epochs}, but this run trained {done[-1]} epochs and "
-            f"keeps no epoch-{epochs}.pt (trainer.keep_checkpoints); to train {epochs} epochs "
-            "afresh, add --force train (or --force train_hybrid)")
 
 
 def _load_learner_state(run: _Run, epoch: int) -> None:
