@@ -11,6 +11,7 @@ import hashlib
 import logging
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,10 +134,16 @@ def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | 
     else:
         with mp.get_context("spawn").Pool(workers) as pool:
             results = []
-            with tqdm(total=len(jobs), desc=f"{opts.kind} jobs", unit="job") as bar:
+            with tqdm(total=len(jobs), desc=f"{opts.kind} jobs", unit="job", file=sys.stderr,
+                      disable=None, leave=False) as bar:
                 for r in pool.imap_unordered(_extract_job, jobs):
                     results.append(r)
                     bar.update()
+            # Let the workers exit on their own: leaving the block terminates them, and a worker
+            # killed so never unlinks the named semaphore tqdm made in it (resource_tracker's
+            # "leaked semaphore" warning at exit).
+            pool.close()
+            pool.join()
     elapsed = time.time() - t0
     figures = {"utterances": 0, "frames": sum(r[1] for r in results), "seconds": elapsed,
                "frames_per_second": sum(r[1] for r in results) / max(elapsed, 1e-9)}
