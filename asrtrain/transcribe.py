@@ -33,8 +33,8 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -93,11 +93,11 @@ def find_system(exp: Path, kind: str | None, lmwt: int | None = None,
     if not system.model.is_file():
         raise AsrtrainError(f"{system.model}: missing, though {paths.markers / _STAGE[kind]} "
                             f"says the {kind} system was trained; rerun --force {_STAGE[kind]}")
+    log.info("decoding with the %s system %s of %s", kind, system.name, exp)
     if kind == "ctc":
         decode = (_record(paths, "decode") or {}).get("config", {}).get("decode", {})
-        return System(kind, system.name, paths,
-                      {"batch_frames": int(decode.get("batch_frames", 20000))})
-    return System(kind, system.name, paths, _hybrid_settings(system, lmwt, wip))
+        return replace(system, decode={"batch_frames": int(decode.get("batch_frames", 20000))})
+    return replace(system, decode=_hybrid_settings(system, lmwt, wip))
 
 
 def _hybrid_settings(system: System, lmwt: int | None, wip: float | None) -> dict:
@@ -182,7 +182,7 @@ def read_inputs(args: Sequence[str]) -> Inputs:
 
 
 def _read_file(path: Path) -> Inputs:
-    reco = re.sub(r"\s+", "_", path.stem) if path.suffix else re.sub(r"\s+", "_", path.name)
+    reco = re.sub(r"\s+", "_", path.stem)   # a Kaldi id has no blanks
     return Inputs({reco: str(path)}, {reco: str(path)}, {}, {}, {reco: reco})
 
 
@@ -201,7 +201,7 @@ def _read_scp(scp: Path) -> Inputs:
                 raise AsrtrainError(f"{scp.parent / 'reco2file_and_channel'}: recording {reco}: "
                                     "expected '<recording> <file> <channel>'")
             names[reco] = (fields[0], fields[1])
-    segments = _read_segments(scp.parent / "segments", wav)
+    segments = _read_segments(scp.parent / "segments")
     utts = list(segments) if segments else list(wav)
     utt2spk = {u: u for u in utts}
     if (scp.parent / "utt2spk").is_file():
@@ -217,7 +217,7 @@ def _read_scp(scp: Path) -> Inputs:
     return Inputs(wav, where, names, segments, utt2spk)
 
 
-def _read_segments(path: Path, wav: dict[str, str]) -> dict[str, Segment]:
+def _read_segments(path: Path) -> dict[str, Segment]:
     """The ``segments`` beside a wav.scp ({} without one): utterance -> (recording, start, end)."""
     if not path.is_file():
         return {}
@@ -234,7 +234,7 @@ def _read_segments(path: Path, wav: dict[str, str]) -> dict[str, Segment]:
     return out
 
 
-def untranscribed(utts) -> dict[str, str]:
+def untranscribed(utts: Iterable[str]) -> dict[str, str]:
     """A ``text`` table for audio without transcripts: a data dir must give every utterance
     one (``DataDir.validate``); nothing here reads it, as nothing is scored."""
     return dict.fromkeys(utts, UNTRANSCRIBED)
@@ -390,7 +390,6 @@ def transcribe(exp: Path, args: Sequence[str], kind: str | None = None,
                wip: float | None = None) -> str:
     """Decode the audio ``args`` with experiment ``exp``'s ``kind`` system; the text (or CTM)."""
     system = find_system(Path(exp), kind, lmwt, wip)
-    log.info("decoding with the %s system %s of %s", system.kind, system.name, exp)
     inputs = read_inputs(args)
     index = parse_channel(channel)
     with tempfile.TemporaryDirectory(prefix="asrtrain-transcribe.") as tmp:
@@ -435,14 +434,14 @@ def transcribe_command(audio: tuple[str, ...], exp: Path, kind: str | None, chan
     utterances (e.g. with a voice activity detector) and give them as a wav.scp with a
     `segments` file beside it: the CTM is then in recording time.
     """
-    import logging as _logging
     import sys
 
     from asrtrain.fileio import write_text
 
-    _logging.basicConfig(level=_logging.DEBUG if verbose else _logging.INFO,
-                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
-                         stream=sys.stderr)
+    # the output goes to standard output, progress and logs to standard error
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
     text = transcribe(exp, audio, kind, channel, ctm, lmwt, wip)
     if out is not None:
         write_text(out, text)

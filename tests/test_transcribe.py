@@ -39,11 +39,13 @@ def ok(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout
 
 
-def word_differences(ref: dict[str, list[str]], hyp: dict[str, list[str]]) -> int:
-    """Levenshtein distance in words, summed over ``ref``'s utterances."""
+def edits(ref: dict[str, list[str]], hyp: dict[str, list[str]], chars: bool = False) -> int:
+    """Levenshtein distance in words (or characters), summed over ``ref``'s utterances."""
     total = 0
-    for utt, r in ref.items():
-        h = hyp.get(utt, [])
+    for utt, words in ref.items():
+        r, h = words, hyp.get(utt, [])
+        if chars:
+            r, h = " ".join(r), " ".join(h)
         prev = list(range(len(h) + 1))
         for i, a in enumerate(r, 1):
             cur = [i]
@@ -153,19 +155,19 @@ def test_a_data_dir_wav_scp_with_segments_gives_the_decode_stage_ctm(exp: Path,
 @pytest.mark.parametrize("kind", ["hybrid", "ctc"])
 def test_16khz_stereo_resampled_with_the_channel_flag(exp: Path, cut: Path, kind: str) -> None:
     ref = words_by_utt(decoded(exp, kind))
-    n = sum(map(len, ref.values()))
     b = words_by_utt(ok(transcribe("--exp", exp, "--system", kind, "--channel", "B",
                                    cut / "16k" / "wav.scp")))
     assert set(b) == set(ref)
     # 8 kHz -> 16 kHz (sox) -> 8 kHz (torchaudio) is not the identity: the features move a
-    # little and a few words with them (measured: 0-4% of the words here and with the full
-    # recipe's models); the other channel is other speech.
-    assert word_differences(ref, b) <= 0.1 * n
+    # little. Measured here: no hybrid word changes; the small CTC model changes 1.5% of its
+    # characters (7% of its words: one letter makes a word wrong), the full recipe's 1.8% of
+    # its words. The other channel is other speech.
+    assert edits(ref, b, chars=True) <= 0.05 * sum(len(" ".join(w)) for w in ref.values())
     if kind == "hybrid":   # which channel is read does not depend on the system
         assert words_by_utt(ok(transcribe("--exp", exp, "--channel", "1",
                                           cut / "16k" / "wav.scp"))) == b
         a = words_by_utt(ok(transcribe("--exp", exp, "--channel", "A", cut / "16k" / "wav.scp")))
-        assert word_differences(ref, a) > 0.5 * n
+        assert edits(ref, a) > 0.5 * sum(map(len, ref.values()))
 
 
 def test_wav_flac_and_sphere_files_decode_alike(exp: Path, cut: Path, tmp_path: Path) -> None:
@@ -177,7 +179,9 @@ def test_wav_flac_and_sphere_files_decode_alike(exp: Path, cut: Path, tmp_path: 
         (tmp_path / ext).mkdir()
         path = tmp_path / ext / f"utt.{ext}"
         soundfile.write(path, samples, rate, format=fmt, subtype="PCM_16")
-        outs.append(ok(transcribe("--exp", exp, path)))
+        out = tmp_path / f"{ext}.txt"
+        assert ok(transcribe("--exp", exp, "--out", out, path)) == ""   # all of it in --out
+        outs.append(out.read_text())
     assert outs[0] == outs[1] == outs[2] and len(outs[0].split()) > 3
     sph = next((REPO / "data" / "tiny").rglob("sw_4390.sph"))
     sides = [words_by_utt(ok(transcribe("--exp", exp, "--channel", c, sph))) for c in "AB"]
