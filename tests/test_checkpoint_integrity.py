@@ -8,6 +8,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,7 @@ def test_a_damaged_checkpoint_is_one_error_naming_the_file(tmp_path: Path, damag
     assert checksum.damage(path).startswith("cut short or altered")
 
 
-def test_without_a_sidecar_a_nan_or_a_cut_is_still_caught_on_load(tmp_path: Path) -> None:
+def test_without_a_sidecar_a_nan_or_a_cut_is_still_caught(tmp_path: Path) -> None:
     # Checkpoints written before checksums were kept have no sidecar: they load unverified,
     # but a NaN weight or a torn file is still an error naming the file.
     path = tmp_path / "final.pt"
@@ -94,7 +95,12 @@ def test_without_a_sidecar_a_nan_or_a_cut_is_still_caught_on_load(tmp_path: Path
     with pytest.raises(AsrtrainError, match=r"final\.pt: weight '.*' holds 1 NaN or infinite"):
         load_model(path)
     truncate(path)
-    with pytest.raises(AsrtrainError, match=r"final\.pt: cannot read the checkpoint"):
+    assert checksum.damage(path).startswith("cut short: not a whole zip archive")
+    with pytest.raises(AsrtrainError, match=r"final\.pt: cut short: not a whole zip archive"):
+        load_model(path)
+    with zipfile.ZipFile(path, "w") as z:  # a whole archive, but no torch checkpoint
+        z.writestr("notes.txt", "hello")
+    with pytest.raises(AsrtrainError, match=r"final\.pt: cannot read the checkpoint \("):
         load_model(path)
 
 

@@ -5,7 +5,8 @@ written into it, a flipped byte) must be found when it is read, not at the first
 or by a decode that dies on it, and a rerun of the recipe must notice it to redo the model. The
 writer records the sha256 of the bytes it wrote; every reader compares. The sidecar is in
 ``sha256sum``'s format, so ``cd train/<model> && sha256sum -c *.sha256`` checks a model dir by
-hand. A checkpoint without a sidecar (written before checksums were kept) is read unverified.
+hand. A checkpoint without a sidecar (written before checksums were kept) is only checked to be a
+whole zip archive, as ``torch.save`` writes them: that finds one cut short, not one altered.
 
 No torch here: the pipeline checks ``final.pt`` while it plans, before any stage runs.
 """
@@ -13,6 +14,7 @@ No torch here: the pipeline checks ``final.pt`` while it plans, before any stage
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 
 from asrtrain import AsrtrainError
@@ -69,7 +71,9 @@ def damage(path: str | Path) -> str | None:
     except AsrtrainError:
         return f"its checksum file {sidecar(path).name} is not a sha256 line"
     if want is None:
-        return None
+        return None if zipfile.is_zipfile(path) else (
+            "cut short: not a whole zip archive, as torch.save writes (and no "
+            f"{sidecar(path).name} to say more)")
     got = sha256_file(path)
     if got != want:
         return (f"cut short or altered after it was written: its sha256 {got[:12]}... is not "

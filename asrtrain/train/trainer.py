@@ -152,13 +152,19 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
     finally:
         if run.curves is not None:
             run.curves.close()
-    final = run.out_dir / "final.pt"
     if backend.is_main:
-        checkpoint.save(checkpoint.load(checkpoint.model_path(run.out_dir, tcfg.epochs)), final)
-        png = plot_curves(run.out_dir, run.out_dir / "curves.png",
-                          f"{cfg.model.name}: {backend.name}, {backend.world_size} learner(s)")
-        log.info("training curves: %s; tensorboard --logdir %s", png, run.out_dir.parent)
-    return final
+        _write_final(run)
+    return run.out_dir / "final.pt"
+
+
+def _write_final(run: _Run) -> None:
+    """``final.pt`` (the last epoch's model, checked as it is read) and ``curves.png``."""
+    final = run.out_dir / "final.pt"
+    checkpoint.save(checkpoint.load(checkpoint.model_path(run.out_dir, run.tcfg.epochs)), final)
+    png = plot_curves(run.out_dir, run.out_dir / "curves.png",
+                      f"{run.cfg.model.name}: {run.backend.name}, "
+                      f"{run.backend.world_size} learner(s)")
+    log.info("training curves: %s; tensorboard --logdir %s", png, run.out_dir.parent)
 
 
 def _resume(run: _Run) -> tuple[int, int]:
