@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import socket
 import sys
 import time
@@ -91,6 +92,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--jitter", type=float, default=0.0, help="random extra sleep per step (s)")
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--die-step", type=int, default=-1)
+    p.add_argument("--die-how", choices=("exit", "kill", "stop"), default="exit",
+                   help="exit: os._exit(3); kill: SIGKILL itself; stop: SIGSTOP itself (hung)")
     p.add_argument("--log-every", type=int, default=0,
                    help="measure the consensus distance every N steps (equal steps only)")
     p.add_argument("--seed", type=int, default=0)
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> None:
     start = time.monotonic()
     for step in range(steps):
         if rank == args.die_rank and step == args.die_step:
-            os._exit(3)  # a learner dies without a word, as a killed process would
+            _die(args.die_how)
         delay = args.sleep * factor + (rng.uniform(0, args.jitter) if args.jitter else 0.0)
         if delay:
             time.sleep(delay)
@@ -173,6 +176,15 @@ def run(args: argparse.Namespace) -> None:
         with atomic_open(out / "consensus.pt", "wb") as f:
             torch.save(consensus, f)
     write_text(out / f"rank{rank}.json", json.dumps(stats, indent=1))
+
+
+def _die(how: str) -> None:
+    """Fail as a learner can without a word: exit, be killed, or hang (stopped)."""
+    if how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen; only SIGKILL (or SIGCONT) ends it
+    elif how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
