@@ -11,10 +11,24 @@ import click
 from asrtrain import AsrtrainError, Interrupted, Terminated, __version__, interrupt_signal
 
 
+class _BarSafeHandler(logging.StreamHandler):
+    """Writes log lines to stderr through tqdm, so a line never lands in the middle of a
+    progress bar: the bar is cleared, the line written, the bar drawn again below it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    handler = _BarSafeHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
+                                           datefmt="%H:%M:%S"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 
 def _sigterm(signum: int, frame) -> None:
@@ -51,7 +65,17 @@ def main() -> None:
     decentralized (AD-PSGD, H-AD-PSGD) distributed training."""
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+class _RunCommand(click.Command):
+    """``asrtrain run --help`` ends with the stages, in order, and what each makes."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from asrtrain.stages import STAGES
+
+        with formatter.section("Stages, in order (a recipe's `stages:` lists those it runs)"):
+            formatter.write_dl([(name, stage.doc) for name, stage in STAGES.items()])
+
+
+@main.command(cls=_RunCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("recipe", type=click.Path(exists=True, file_okay=False))
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--stage", "start", default=None, help="First stage to run (default: the first).")
