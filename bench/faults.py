@@ -143,7 +143,8 @@ def main() -> None:
     args = p.parse_args()
     runs = 10 if args.quick else args.runs
     rng = random.Random(args.seed)
-    records = []
+    records: list[dict] = []
+    RESULTS.mkdir(parents=True, exist_ok=True)
     for i in range(runs):
         run = draw(rng)
         with tempfile.TemporaryDirectory() as tmp:
@@ -157,9 +158,8 @@ def main() -> None:
               + (", BLAMED ANOTHER RANK" if rec["blamed_other"] else "")
               + (f", {rec['left_behind']} PROCESSES LEFT" if rec["left_behind"] else "")
               + f", resumed: {rec['resumed']}", flush=True)
-    result = {"summary": summary(records), "runs": records}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_text(RESULTS / "faults.json", json.dumps(result, indent=1) + "\n")
+        result = {"summary": summary(records), "runs": records}  # after each run: a long soak
+        write_text(RESULTS / "faults.json", json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
 
 
