@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import IO
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, then setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator[IO]:
     """Open ``path`` for writing through a temporary file in the same directory.
@@ -22,6 +29,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator[
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # the mode open() would give (mkstemp's 0600 hides results from a team sharing exp)
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
@@ -43,6 +52,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
+        tmp.chmod(0o777 & ~_umask())
         yield tmp
         if path.exists():
             old = path.with_name(f".{path.name}.old")

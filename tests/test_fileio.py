@@ -1,0 +1,53 @@
+"""Crash-safe writing: temporary names, what a failure leaves, the mode of what is written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from asrtrain.fileio import atomic_dir, atomic_open, remove_temporaries, write_text
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "out.txt"
+    write_text(path, "old\n")
+    with pytest.raises(RuntimeError), atomic_open(path) as f:
+        f.write("half")
+        raise RuntimeError("disk full")
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_two_writers_of_one_name_get_their_own_temporaries(tmp_path: Path) -> None:
+    path = tmp_path / "out.txt"
+    with atomic_open(path) as a, atomic_open(path) as b:
+        a.write("a")
+        b.write("b")
+        assert len(list(tmp_path.glob(".out.txt.*.tmp"))) == 2
+    assert path.read_text() == "a"  # the last to finish wins, whole; neither is mixed
+
+
+def test_written_files_and_dirs_get_the_umask_mode(tmp_path: Path) -> None:
+    mask = os.umask(0o022)
+    try:
+        write_text(tmp_path / "f", "x")
+        with atomic_dir(tmp_path / "d") as d:
+            (d / "inside").write_text("y")
+    finally:
+        os.umask(mask)
+    # as open() and mkdir() make them (mkstemp alone would give 0600/0700)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_remove_temporaries_finds_files_and_dirs_at_any_depth(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / ".x.ark.k3j.tmp").write_text("half")
+    (tmp_path / ".d.tmp").mkdir()
+    (tmp_path / ".d.tmp" / "y.tmp").write_text("half")
+    (tmp_path / "keep.txt").write_text("whole")
+    assert remove_temporaries(tmp_path) == 3
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "a", "a/b", "keep.txt"]
