@@ -67,6 +67,35 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_ark(ark: str | os.PathLike, scp: str | os.PathLike) -> Iterator:
+    """A kaldiio writer of a Kaldi ``ark`` and its ``scp``, both under temporary names of their
+    own (two writers never collide), renamed into place when the block succeeds.
+
+    The scp kaldiio writes names the temporary ark: it is rewritten to name ``ark`` as given
+    (give an absolute path for an scp read from elsewhere). On failure both are removed.
+    """
+    import kaldiio
+
+    ark, scp = Path(ark), Path(scp)
+    tmp = []
+    try:
+        for path in (ark, scp):
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            tmp.append(name)
+        with kaldiio.WriteHelper(f"ark,scp:{tmp[0]},{tmp[1]}") as writer:
+            yield writer
+        text = Path(tmp[1]).read_text(encoding="utf-8").replace(tmp[0], str(ark))
+        os.chmod(tmp[0], 0o666 & ~_umask())
+        os.replace(tmp[0], ark)
+        write_text(scp, text)
+    finally:
+        for name in tmp:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_open(path, "w", encoding="utf-8") as f:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asrtrain.fileio import atomic_dir, atomic_open, remove_temporaries, write_text
+from asrtrain.fileio import atomic_ark, atomic_dir, atomic_open, remove_temporaries, write_text
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -51,3 +51,20 @@ def test_remove_temporaries_finds_files_and_dirs_at_any_depth(tmp_path: Path) ->
     assert remove_temporaries(tmp_path) == 3
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "a", "a/b", "keep.txt"]
+
+
+def test_an_ark_and_its_scp_appear_together_and_name_the_final_ark(tmp_path: Path) -> None:
+    import kaldiio
+    import numpy as np
+
+    ark, scp = tmp_path / "feats.ark", tmp_path / "feats.scp"
+    with atomic_ark(ark, scp) as w:
+        w("utt1", np.ones((3, 2), dtype=np.float32))
+        assert not ark.exists() and not scp.exists()
+    assert str(ark) in scp.read_text() and ".tmp" not in scp.read_text()
+    assert kaldiio.load_scp(str(scp))["utt1"].shape == (3, 2)
+    with pytest.raises(RuntimeError), atomic_ark(ark, scp) as w:
+        w("utt2", np.zeros((1, 2), dtype=np.float32))
+        raise RuntimeError("killed")
+    assert list(kaldiio.load_scp(str(scp))) == ["utt1"]  # the earlier pair, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["feats.ark", "feats.scp"]

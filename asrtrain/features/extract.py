@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing as mp
-import os
 import sys
 import time
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_table, write_table
 from asrtrain.features.transform import cmvn_stats
+from asrtrain.fileio import atomic_ark
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,9 @@ def _extract_job(args: tuple) -> tuple[int, int, float]:
     torch.set_num_threads(1)
     frames = 0
     t0 = time.time()
-    tmp_ark, tmp_scp = f"{ark}.tmp", f"{ark[:-4]}.scp.tmp"
     bar = tqdm(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
-               disable=not show_progress, leave=False)
-    with kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as writer:
+               disable=None if show_progress else True, leave=False)
+    with atomic_ark(ark, f"{ark[:-4]}.scp") as writer:
         for utt, samples in iter_utterances(data, opts.sample_rate, resample=opts.resample):
             m = extract(samples, opts, _utt_seed(utt))
             if m.shape[0] == 0:
@@ -96,13 +95,6 @@ def _extract_job(args: tuple) -> tuple[int, int, float]:
             frames += m.shape[0]
             bar.update()
     bar.close()
-    os.replace(tmp_ark, ark)
-    # The scp names the ark by its temporary name: rewrite it to the final one.
-    with open(tmp_scp, encoding="utf-8") as f:
-        text = f.read().replace(tmp_ark, ark)
-    with open(f"{ark[:-4]}.scp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.unlink(tmp_scp)
     return job, frames, time.time() - t0
 
 
@@ -174,21 +166,17 @@ def _finish(data_dir: Path, data: DataDir, jobs: list, feats_dir: Path,
         raise AsrtrainError(f"{data_dir}: no features for {len(missing)} utterances, "
                             f"e.g. {sorted(missing)[0]}")
     utt2num_frames = {}
-    cmvn: dict[str, str] = {}
     cmvn_ark = feats_dir / f"cmvn_{opts.kind}_{name}.ark"
     dim = 0
     # One speaker's matrices at a time: SWB-2000 does not fit in memory.
-    with kaldiio.WriteHelper(f"ark,scp:{cmvn_ark}.tmp,{cmvn_ark.with_suffix('.scp')}.tmp") as w:
+    with atomic_ark(cmvn_ark, cmvn_ark.with_suffix(".scp")) as w:
         for spk, utts in data.spk2utt.items():
             mats = [kaldiio.load_mat(feats[u]) for u in utts]
             for u, m in zip(utts, mats, strict=True):
                 utt2num_frames[u] = int(m.shape[0])
                 dim = int(m.shape[1])
             w(spk, cmvn_stats(mats))
-    os.replace(f"{cmvn_ark}.tmp", cmvn_ark)
-    cmvn = {k: v.replace(f"{cmvn_ark}.tmp", str(cmvn_ark))
-            for k, v in read_table(f"{cmvn_ark.with_suffix('.scp')}.tmp").items()}
-    os.unlink(f"{cmvn_ark.with_suffix('.scp')}.tmp")
+    cmvn = read_table(cmvn_ark.with_suffix(".scp"))
     write_table(data_dir / "feats.scp", feats)
     write_table(data_dir / "utt2num_frames", {u: str(n) for u, n in utt2num_frames.items()})
     write_table(data_dir / "cmvn.scp", cmvn)

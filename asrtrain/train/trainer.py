@@ -213,7 +213,7 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
     """The steps of one epoch, from global step ``step``."""
     backend, model, optimizer, tcfg = run.backend, run.model, run.optimizer, run.tcfg
     bar = tqdm(total=per_epoch, desc=f"epoch {epoch}/{tcfg.epochs}", unit="batch",
-               disable=not backend.is_main, leave=False)
+               disable=None if backend.is_main else True, leave=False)  # no bar off a TTY
     t0 = time.time()
     steps = frames = 0
     loss_sum = 0.0
