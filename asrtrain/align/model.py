@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
@@ -52,7 +54,8 @@ def load_data(data_dir: Path, lang: Lang, delta_order: int = 2) -> tuple[list[Ut
                            hint="run the mfcc features stage first")
     data = reader.data
     out, skipped = [], {}
-    for utt in data.utts:
+    for utt in tqdm(data.utts, desc=f"reading {Path(data_dir).name}", unit="utt",
+                    file=sys.stderr, disable=None, leave=False):
         words = []
         for w in data.text.get(utt, "").split():
             if w not in lang.lexicon:
@@ -184,9 +187,9 @@ class AlignResult:
 
 
 def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
-          graphs: dict[str, PhoneGraph] | None = None) -> AlignResult:
+          graphs: dict[str, PhoneGraph] | None = None, desc: str = "align") -> AlignResult:
     """Viterbi-align ``utts`` through their training graphs, batched (``batch_frames`` frames of
-    speech per batch, utterances sorted by length)."""
+    speech per batch, utterances sorted by length); ``desc`` names the progress bar."""
     t0 = time.time()
     device = torch.device(cfg.get("device", "cpu"))
     gmm = model.gmm.to(device)
@@ -221,13 +224,17 @@ def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
             frames += len(u.feats)
 
     budget = int(cfg.get("batch_frames", 20000))
-    for u in order:
-        if batch and sum(len(b.feats) for b in batch) + len(u.feats) > budget:
+    with tqdm(total=len(order), desc=desc, unit="utt", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        for u in order:
+            if batch and sum(len(b.feats) for b in batch) + len(u.feats) > budget:
+                run(batch)
+                bar.update(len(batch))
+                batch = []
+            batch.append(u)
+        if batch:
             run(batch)
-            batch = []
-        batch.append(u)
-    if batch:
-        run(batch)
+            bar.update(len(batch))
     return AlignResult(ps_out, pdf_out, word_out, failed, total_ac / max(frames, 1), frames,
                        time.time() - t0)
 

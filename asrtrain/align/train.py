@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
@@ -146,17 +148,20 @@ def _train_iters(model: AcousticModel, lang: Lang, utts: list[Utterance],
                  phone_state: dict[str, np.ndarray], cfg: GmmConfig, target_gauss: int,
                  plog: _PassLog, graphs: dict) -> AlignResult:
     """The shared loop: realign (when scheduled), accumulate, update, mix up; a final alignment
-    with the last model is returned."""
+    with the last model is returned. A progress bar counts the iterations (the log has a line for
+    each)."""
     device = torch.device(cfg.device)
     var_floor = torch.from_numpy(model.var_floor).to(device)
     num_gauss = model.gmm.num_gauss()
     inc = max(0, (target_gauss - num_gauss) // max(cfg.max_iter_inc, 1))
     acfg = asdict(cfg)
+    bar = tqdm(total=cfg.num_iters + 1, desc=plog.name, unit="iter", file=sys.stderr,
+               disable=None, leave=False)
     for it in range(1, cfg.num_iters + 1):
         t0 = time.time()
         res = None
         if it in cfg.realign_iters:
-            res = align(model, lang, utts, acfg, graphs)
+            res = align(model, lang, utts, acfg, graphs, desc=f"{plog.name} iter {it}: align")
             check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} iter {it}")
             phone_state = res.phone_state
         gmm, stats, counts = _accumulate(model, utts, phone_state, device)
@@ -168,7 +173,12 @@ def _train_iters(model: AcousticModel, lang: Lang, utts: list[Utterance],
         model.gmm = gmm.to("cpu")
         plog.record(it, res, stats.loglike / max(stats.frames, 1), stats.frames,
                     time.time() - t0, model.gmm.num_gauss())
-    res = align(model, lang, utts, acfg, graphs)
+        bar.set_postfix(loglike=f"{plog.passes[-1]['loglike_per_frame']:.2f}",
+                        gauss=model.gmm.num_gauss(), refresh=False)
+        bar.update()
+    res = align(model, lang, utts, acfg, graphs, desc=f"{plog.name}: final alignment")
+    bar.update()
+    bar.close()
     check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} final alignment")
     plog.record(cfg.num_iters + 1, res, res.loglike_per_frame, res.frames, res.seconds,
                 model.gmm.num_gauss())
@@ -314,7 +324,7 @@ def align_data(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
     plog = _PassLog(out_dir, f"align {Path(model_dir).name}")
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
-    res = align(model, lang, utts, asdict(c))
+    res = align(model, lang, utts, asdict(c), desc=f"align {Path(data_dir).name}")
     check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
     for utt, why in sorted(res.failed.items()):
         plog(f"failed {utt}: {why}")

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 KEY_PDF_CLASS = -1
 LOG_2PI = math.log(2 * math.pi)
@@ -214,6 +216,8 @@ def build_tree(stats: TreeStats, root_of: dict[int, int], phone_questions: list[
                 heapq.heappush(heap, (-b[0], len(nodes) - 1, b[1], b[2]))
     start_objective = objective
     leaves = len(roots)
+    bar = tqdm(total=num_leaves, initial=leaves, desc="tree", unit="leaf", file=sys.stderr,
+               disable=None, leave=False)
     while heap and leaves < num_leaves:
         neg_gain, node, key, q = heapq.heappop(heap)
         if -neg_gain <= thresh:
@@ -231,6 +235,8 @@ def build_tree(stats: TreeStats, root_of: dict[int, int], phone_questions: list[
         nodes[node] = ("split", key, questions[key][q], children[0], children[1])
         objective += -neg_gain
         leaves += 1
+        bar.update()
+    bar.close()
     # number the leaves as pdfs, root by root in tree order
     pdf = 0
     stack = [roots[r] for r in sorted(roots, reverse=True)]

@@ -8,11 +8,13 @@ segment a word belongs to, not for forced alignment.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from asrtrain.data.datadir import write_table
 from asrtrain.features.reader import FeatureReader, length_batches
@@ -91,6 +93,8 @@ def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int
     t0 = time.time()
     frames = 0
     utts = reader.utts
+    bar = tqdm(total=len(utts), desc=f"decode {data_dir.name}", unit="utt", file=sys.stderr,
+               disable=None, leave=False)
     for idx in length_batches([reader.num_frames[u] for u in utts], batch_frames):
         batch = [utts[i] for i in idx]
         feats, lengths = reader.batch(batch)
@@ -98,6 +102,8 @@ def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int
         frames += int(lengths.sum())
         for utt, seq in zip(batch, greedy_units(logits, out_lengths, units.blank), strict=True):
             hyps[utt] = units_to_words(seq, units, frame_seconds)
+        bar.update(len(batch))
+    bar.close()
     elapsed = time.time() - t0
     data = reader.data
     out_dir.mkdir(parents=True, exist_ok=True)

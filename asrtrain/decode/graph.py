@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -35,6 +36,7 @@ import kaldi_decoder
 import kaldifst
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.align.graph import scale_transitions
@@ -127,21 +129,30 @@ def make_graph(lang_dir: Path, lm_dir: Path, model_dir: Path, graph_dir: Path,
     t0 = time.time()
     lang = Lang.read(lang_dir)
     model = AcousticModel.load(model_dir)
+    # each step is one opaque call into OpenFst: the bar names the one running
+    bar = tqdm(total=3, desc=f"HCLG {Path(model_dir).name}", unit="step", file=sys.stderr,
+               disable=None, leave=False, postfix="LG = min(det(L o G))")
     L = kaldifst.StdVectorFst.read(str(lang_dir / "L_disambig.fst"))
     G = kaldifst.StdVectorFst.read(str(lm_dir / "G.fst"))
     kaldifst.arcsort(L, sort_type="olabel")
     LG = kaldifst.compose(L, G)
     kaldifst.determinize_star(LG)
     kaldifst.minimize_encoded(LG)
+    bar.set_postfix_str("CLG = C o LG", refresh=False)
+    bar.update()
     CLG, ilabels = kaldifst.compose_context(lang.phones.disambig_ids, 3, 1, LG)
     kaldifst.arcsort(CLG, sort_type="ilabel")
     H, tstates, disambig_in = make_h(model, ilabels, self_loop_scale, transition_scale)
+    bar.set_postfix_str("HCLG = min(det(H o CLG))", refresh=False)
+    bar.update()
     HCLG = kaldifst.compose(H, CLG)
     kaldifst.determinize_star(HCLG)
     HCLG = _relabel_copy(HCLG, dict.fromkeys(disambig_in, 0))
     kaldifst.rmepsilon(HCLG)
     kaldifst.minimize_encoded(HCLG)
     kaldifst.arcsort(HCLG, sort_type="ilabel")
+    bar.update()
+    bar.close()
     info = {"lang_dir": str(lang_dir.resolve()), "model_dir": str(Path(model_dir).resolve()),
             "num_tstates": len(tstates), "num_pdfs": model.num_pdfs,
             "LG_states": LG.num_states, "CLG_states": CLG.num_states,
@@ -247,8 +258,11 @@ def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: Gmm
     tstate_pdf = graph.tstate_pdf
     pdf_ll = {u.utt: gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu() for u in utts}
     out: dict[float, dict[str, list[str]]] = {}
+    bar = tqdm(total=len(c.acoustic_scales) * len(utts), desc="decode", unit="utt",
+               file=sys.stderr, disable=None, leave=False)
     for scale in c.acoustic_scales:
         hyps = out.setdefault(scale, {})
+        bar.set_postfix(acoustic_scale=f"{scale:.4f}", refresh=False)
         for u in utts:
             ll = (pdf_ll[u.utt][:, tstate_pdf] * scale).numpy().astype(np.float32)
             decoder.decode(kaldi_decoder.DecodableCtc(ll))
@@ -259,6 +273,8 @@ def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: Gmm
             if ok:
                 _, _, olabels, _ = kaldifst.get_linear_symbol_sequence(lat)
                 hyps[u.utt] = [graph.words.id2sym[o] for o in olabels]
+            bar.update()
+    bar.close()
     return out
 
 
@@ -280,7 +296,7 @@ def time_words(model: AcousticModel, lang: Lang, utts: list[Utterance],
                hyps: dict[str, list[str]], cfg: Mapping) -> dict[str, list[TimedWord]]:
     """Word start and duration from a forced alignment of each hypothesis."""
     todo = [Utterance(u.utt, hyps[u.utt], u.feats) for u in utts if hyps.get(u.utt)]
-    res = align(model, lang, todo, cfg) if todo else None
+    res = align(model, lang, todo, cfg, desc="timing words") if todo else None
     out: dict[str, list[TimedWord]] = {}
     for u in todo:
         wi = res.words.get(u.utt)

@@ -28,6 +28,7 @@ setting), ``out_dir/decode.json`` (every setting's WER, RTF, settings).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,6 +38,7 @@ import kaldifst
 import numpy as np
 import torch
 from kaldifst.lib._kaldifst import _ArcIteratorLattice
+from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir
@@ -77,10 +79,13 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
         torch.set_num_threads(c.threads)
     device = torch.device(c.device)
     model = ckpt.build(device, model_path)
-    utts = _feature_reader(data_dir, ckpt)
-    loglikes = pseudo_loglikes(model, utts, ckpt.log_priors, ckpt.chunk or 21,
+    reader = _feature_reader(data_dir, ckpt)
+    loglikes = pseudo_loglikes(model, iter(reader), ckpt.log_priors, ckpt.chunk or 21,
                                c.prior_scale, c.acoustic_scale, c.batch_chunks, device)
-    return decode_loglikes(loglikes, graph, data_dir, out_dir, c, ckpt.frame_shift)
+    # one step of the bar: an utterance through the network and the search (lattice and sweep)
+    searched = tqdm(loglikes, total=len(reader.utts), desc=f"decode {data_dir.name}",
+                    unit="utt", file=sys.stderr, disable=None, leave=False)
+    return decode_loglikes(searched, graph, data_dir, out_dir, c, ckpt.frame_shift)
 
 
 def decode_loglikes(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph | Path,
@@ -99,12 +104,12 @@ def decode_loglikes(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Gr
 
 
 # ---------------------------------------------------------------------------- acoustic model
-def _feature_reader(data_dir: Path, ckpt: ModelCheckpoint) -> Iterator[tuple[str, np.ndarray]]:
-    """(utterance, transformed features) in the data dir's order, read as the model was trained
-    (its checkpoint's features config); errors name feats.scp or cmvn.scp."""
-    return iter(FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars,
-                              input_dim=ckpt.input_dim,
-                              hint="run the features stage (fbank as the model was trained on)"))
+def _feature_reader(data_dir: Path, ckpt: ModelCheckpoint) -> FeatureReader:
+    """The data dir's features read as the model was trained (its checkpoint's features
+    config): (utterance, transformed features) in the data dir's order; errors name feats.scp or
+    cmvn.scp."""
+    return FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars, input_dim=ckpt.input_dim,
+                         hint="run the features stage (fbank as the model was trained on)")
 
 
 @torch.no_grad()
@@ -342,7 +347,10 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
     from asrtrain.score import counts_json
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    scored = score_candidates({s: (_words(hyps[s]), hyps[s]) for s in settings}, data, data_dir)
+    scored = {}
+    for s in tqdm(settings, desc="score sweep", unit="setting", file=sys.stderr, disable=None,
+                  leave=False):
+        scored.update(score_candidates({s: (_words(hyps[s]), hyps[s])}, data, data_dir))
     rows = [{"lmwt": lmwt, "wip": wip, "wer": counts_json(scored[(lmwt, wip)])}
             for lmwt, wip in settings if (lmwt, wip) in scored]
     if rows:
