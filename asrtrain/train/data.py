@@ -44,19 +44,24 @@ class UtteranceSet:
                                     hint="run the features stage")
         data = self.reader.data
         self.items: list[tuple[str, int, list[int]]] = []
-        dropped = {"too long": 0, "too short for the targets": 0}
+        too_long = f"too long (over trainer.max_utt_frames={max_frames} frames)"
+        too_short = (f"too short for their targets (fewer frames after {subsample}-frame "
+                     "stacking than units)")
+        dropped: dict[str, list[str]] = {too_long: [], too_short: []}
         for utt in data.utts:
             n = data.utt2num_frames[utt]
             ids = encode(data.text[utt])
             if n > max_frames:
-                dropped["too long"] += 1
+                dropped[too_long].append(utt)
             elif n // subsample < len(ids):
-                dropped["too short for the targets"] += 1
+                dropped[too_short].append(utt)
             else:
                 self.items.append((utt, n, ids))
-        for why, k in dropped.items():
-            if k:
-                log.warning("%s: %d utterances dropped: %s", self.data_dir, k, why)
+        for why, utts in dropped.items():
+            if utts:   # named, so they can be found and fixed (first few)
+                log.warning("%s: %d of %d utterances dropped, %s: %s%s", self.data_dir, len(utts),
+                            len(data.utts), why, " ".join(utts[:10]),
+                            " ..." if len(utts) > 10 else "")
         if not self.items:
             raise AsrtrainError(f"{self.data_dir}: no usable utterances")
         first = self.load(self.items[0][0])
