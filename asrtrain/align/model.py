@@ -29,7 +29,7 @@ from asrtrain.align.graph import PhoneGraph, hmm_graph, phone_graph, scale_trans
 from asrtrain.align.tree import Tree
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.features.reader import FeatureReader
-from asrtrain.fileio import atomic_open, write_text
+from asrtrain.fileio import atomic_ark, atomic_open, write_text
 from asrtrain.lang.lexicon import Lang
 
 log = logging.getLogger(__name__)
@@ -252,16 +252,10 @@ def check_failures(res: AlignResult, num_utts: int, max_fail_fraction: float,
 def write_alignments(out_dir: Path, res: AlignResult) -> None:
     """ali.ark/scp (pdf ids) and ali_phone_state.ark/scp, int32 vectors, written atomically."""
     for name, table in (("ali", res.pdf), ("ali_phone_state", res.phone_state)):
-        tmp_ark = out_dir / f".{name}.ark.tmp"
-        tmp_scp = out_dir / f".{name}.scp.tmp"
-        with kaldiio.WriteHelper(f"ark,scp:{tmp_ark},{tmp_scp}") as w:
+        ark = (out_dir / f"{name}.ark").resolve()  # the scp is read from other directories
+        with atomic_ark(ark, out_dir / f"{name}.scp") as w:
             for utt in sorted(table):
                 w(utt, table[utt].astype(np.int32))
-        # the scp points at the temporary ark name: rewrite it before both are renamed
-        scp = tmp_scp.read_text().replace(str(tmp_ark), str((out_dir / f"{name}.ark").resolve()))
-        tmp_ark.replace(out_dir / f"{name}.ark")
-        write_text(out_dir / f"{name}.scp", scp)
-        tmp_scp.unlink()
 
 
 def read_int_table(scp: Path) -> dict[str, np.ndarray]:
