@@ -7,11 +7,12 @@ business; what each stage does is in ``asrtrain/stages/<stage>.py``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import REPO_ROOT, AsrtrainError
 
@@ -42,7 +43,87 @@ def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictCon
         raise AsrtrainError(f"{recipe_dir}/recipe.yaml: cannot compose the config: {e}") from e
     finally:
         GlobalHydra.instance().clear()
+    resolve_recipe_settings(cfg)
     return cfg
+
+
+#: The stages of each system a recipe's ``systems`` may name, in the order of the stage table
+#: (``asrtrain.stages.STAGES``; a test keeps them in step).
+STAGE_ORDER = ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
+               "train_hybrid", "decode_hybrid")
+SYSTEM_STAGES = {
+    "ctc": ("prepare", "lang", "features", "train", "decode", "score"),
+    "gmm": ("prepare", "lang", "lm", "mfcc", "align"),
+    "hybrid": ("prepare", "lang", "features", "lm", "mfcc", "align", "train_hybrid",
+               "decode_hybrid"),
+}
+#: Stages that need a pronunciation lexicon (words.txt with #0, L.fst).
+LEXICON_STAGES = ("lm", "align", "train_hybrid", "decode_hybrid")
+#: ``nj: auto`` takes the cores this process may use, at most this many: each job is a process
+#: of its own (torch and an audio pipe), and a few keep the disk busy.
+MAX_AUTO_NJ = 8
+
+
+def resolve_recipe_settings(cfg: DictConfig) -> None:
+    """Settings a recipe may leave to the machine or the corpus (recipes/datadir does):
+    ``nj: auto`` (the cores), ``systems: auto`` (what the corpus allows) and ``stages: auto``
+    (those the systems need); then a stage that needs a lexicon must have one."""
+    if cfg.get("nj") == "auto":
+        cfg.nj = default_nj()
+    if cfg.get("stages") == "auto" and "systems" not in cfg:
+        raise AsrtrainError("stages: auto takes the stages from systems:, which this recipe "
+                            "does not have; list the stages")
+    if "systems" in cfg:
+        cfg.systems = _systems(cfg)
+        if cfg.get("stages") == "auto":
+            cfg.stages = [s for s in STAGE_ORDER
+                          if any(s in SYSTEM_STAGES[x] for x in cfg.systems)]
+            # GMM passes are decoded only when the GMM system is asked for.
+            if "gmm" not in cfg.systems and OmegaConf.select(cfg, "align.decode"):
+                cfg.align.decode = False
+    _check_lexicon(cfg)
+
+
+def default_nj() -> int:
+    """The parallel jobs of ``nj: auto``: the CPU cores this process may run on, capped."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_AUTO_NJ))
+
+
+def has_lexicon(cfg: DictConfig) -> bool:
+    """Whether the corpus brings a pronunciation lexicon: the LDC and tiny corpora always do,
+    your own data dirs when ``corpus.dict_dir`` or ``corpus.lexicon`` is given."""
+    corpus = cfg.get("corpus") or {}
+    if corpus.get("kind") != "datadir":
+        return True
+    return bool(corpus.get("dict_dir") or corpus.get("lexicon"))
+
+
+def _systems(cfg: DictConfig) -> list[str]:
+    value = cfg.systems
+    if value == "auto":
+        return ["ctc", "gmm", "hybrid"] if has_lexicon(cfg) else ["ctc"]
+    systems = [value] if isinstance(value, str) else list(value)
+    unknown = [s for s in systems if s not in SYSTEM_STAGES]
+    if unknown or not systems:
+        raise AsrtrainError(f"systems={systems}: expected auto or a list of "
+                            f"{', '.join(SYSTEM_STAGES)} (e.g. systems=[ctc,hybrid])")
+    return [str(s) for s in systems]
+
+
+def _check_lexicon(cfg: DictConfig) -> None:
+    """The GMM and hybrid stages without a lexicon would fail deep inside (kaldilm: 'has no
+    symbol for #0'): say what to give instead, before anything runs."""
+    need = [s for s in LEXICON_STAGES if s in (cfg.get("stages") or ())]
+    if need and not has_lexicon(cfg):
+        raise AsrtrainError(
+            f"stages {', '.join(need)} (the GMM and hybrid systems) need a pronunciation "
+            "lexicon, and corpus.kind=datadir has none: give corpus.lexicon=FILE (lines 'WORD "
+            "PHONE ...'), corpus.lexicon=cmudict (English) or corpus.dict_dir=DIR (a Kaldi dict "
+            "dir), or keep to systems=[ctc]")
 
 
 @dataclass(frozen=True)

