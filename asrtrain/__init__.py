@@ -14,6 +14,11 @@ __version__ = "0.1.0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+#: ``extra=`` of a log record meant for the stage log only (library chatter, per-iteration
+#: details): the console handler of ``asrtrain.cli`` drops such records, file handlers keep them.
+STAGE_LOG_ONLY = {"stage_log_only": True}
+
+
 class AsrtrainError(Exception):
     """An error for the user: the message names the file, line, utterance or rank at fault."""
 

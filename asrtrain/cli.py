@@ -26,6 +26,7 @@ class _BarSafeHandler(logging.StreamHandler):
 
 def _setup_logging(verbose: bool) -> None:
     handler = _BarSafeHandler(sys.stderr)
+    handler.addFilter(lambda record: not getattr(record, "stage_log_only", False))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
                                            datefmt="%H:%M:%S"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])

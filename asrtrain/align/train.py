@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from asrtrain import AsrtrainError
+from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.graph import equal_alignment
 from asrtrain.align.model import (
@@ -97,7 +97,7 @@ class _PassLog:
         self.passes: list[dict] = []
 
     def __call__(self, msg: str) -> None:
-        log.info("%s: %s", self.name, msg)
+        log.info("%s: %s", self.name, msg, extra=STAGE_LOG_ONLY)
         self.lines.append(msg)
 
     def record(self, it: int, res: AlignResult | None, loglike: float, frames: int,

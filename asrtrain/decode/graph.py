@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from asrtrain import AsrtrainError
+from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.align.graph import scale_transitions
 from asrtrain.align.model import AcousticModel, Utterance, align, load_data
 from asrtrain.data.datadir import DataDir
@@ -165,7 +165,7 @@ def make_graph(lang_dir: Path, lm_dir: Path, model_dir: Path, graph_dir: Path,
                                                 for i, (p, s, pdf) in enumerate(tstates)))
         shutil.copy(lang_dir / "words.txt", tmp / "words.txt")
         write_text(tmp / "info.json", json.dumps(info, indent=1) + "\n")
-    log.info("graph %s: %s", graph_dir, info)
+    log.info("graph %s: %s", graph_dir, info, extra=STAGE_LOG_ONLY)
     return info
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from kaldingram.prune import ArpaParser, prune
 from kaldingram.train import NgramCounts
 
-from asrtrain import AsrtrainError
+from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.lang.phones import SymbolTable
 
@@ -123,27 +123,12 @@ def arpa2fst(arpa: Path, fst: Path, symbols: Path) -> None:
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           errors="replace")
     lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-    _to_log_files(lines)
+    for line in lines:
+        log.info("kaldilm: %s", line, extra=STAGE_LOG_ONLY)
     if proc.returncode != 0:
         why = next((ln[3:].strip() for ln in reversed(lines) if ln.startswith(("[E]", "[F]"))),
                    lines[-1] if lines else f"exit status {proc.returncode}")
         raise AsrtrainError(f"{arpa}: kaldilm arpa2fst failed: {why}")
-
-
-def _to_log_files(lines: list[str]) -> None:
-    """Hand ``lines`` to the log files (the stage log) only: library chatter is kept for the
-    record but is not what a person at the console needs. Without a log file they go to the
-    debug log."""
-    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    for line in lines:
-        if not files:
-            log.debug("kaldilm: %s", line)
-            continue
-        record = log.makeRecord(log.name, logging.INFO, __file__, 0, "kaldilm: %s", (line,),
-                                None)
-        for handler in files:
-            if record.levelno >= handler.level:
-                handler.handle(record)
 
 
 def read_arpa(path: Path) -> dict[tuple[str, ...], tuple[float, float]]:

@@ -16,8 +16,6 @@ WER lines.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -118,31 +116,6 @@ def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
     return summary
 
 
-class _StageLogOnly(logging.Filter):
-    """Keeps the GMM trainer's records (a JSON line per iteration) and the graph builder's
-    sizes off the console; warnings pass.  The stage log, a FileHandler, has no such filter."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO:
-            return True
-        if record.name == "asrtrain.align.train":
-            return False
-        return not (record.name == "asrtrain.decode.graph"
-                    and str(record.msg).startswith("graph "))
-
-
-@contextmanager
-def _details_to_stage_log() -> Iterator[None]:
-    consoles = [h for h in logging.getLogger().handlers
-                if not isinstance(h, logging.FileHandler)]
-    quiet = _StageLogOnly()
-    for h in consoles:
-        h.addFilter(quiet)
-    try:
-        yield
-    finally:
-        for h in consoles:
-            h.removeFilter(quiet)
 
 
 def run(ctx: StageContext) -> None:
@@ -155,8 +128,7 @@ def run(ctx: StageContext) -> None:
         import_kaldi_alignment(Path(cfg.align.kaldi_dir), paths.align_pass("kaldi"),
                                cfg.align.num_pdfs)
         return
-    with _details_to_stage_log():
-        _run_passes(ctx)
+    _run_passes(ctx)  # its per-iteration details go to the stage log only (STAGE_LOG_ONLY)
 
 
 def _run_passes(ctx: StageContext) -> None:
