@@ -20,9 +20,16 @@ help:
 
 install: $(VENV)/.installed
 
+# torch from PyPI brings its CUDA libraries (3.2 of the venv's 5.5 GB), used or not. On a machine
+# without a GPU, TORCH_INDEX=<PyTorch's CPU-only wheel index> installs the CPU build of the
+# pinned torch first; pip then keeps it. (Not tried here: these machines reach PyPI only.)
+TORCH_INDEX ?=
+TORCH_PIN = $(shell grep -o 'torch==[0-9.]*' setup.cfg)
+
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(VENV)/bin/pip install --quiet '$(TORCH_PIN)' --index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
