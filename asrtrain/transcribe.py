@@ -332,12 +332,11 @@ def decode(system: System, data_dir: Path, out_dir: Path) -> None:
 
 def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
     """decode_hybrid's network and search at the one chosen setting (no sweep, no scoring)."""
-    import torch
     from tqdm import tqdm
 
     from asrtrain.decode import HybridDecodeConfig, write_words
     from asrtrain.decode.graph import load_graph
-    from asrtrain.decode.hybrid import decode_sweep, pseudo_loglikes
+    from asrtrain.decode.hybrid import decode_sweep, model_for_graph, pseudo_loglikes
     from asrtrain.features.reader import FeatureReader
     from asrtrain.models.checkpoint import ModelCheckpoint
 
@@ -346,14 +345,7 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
     graph_dir = _graph_dir(system, ckpt.model_config)
     graph = load_graph(graph_dir)
     graph.info["lang_dir"] = str(system.paths.lang)    # this exp's, wherever it was built
-    if ckpt.output_dim != int(graph.info["num_pdfs"]):
-        raise AsrtrainError(f"{system.model}: the model has {ckpt.output_dim} outputs but "
-                            f"{graph_dir / 'HCLG.fst'} has {graph.info['num_pdfs']} pdfs; "
-                            "rerun --force decode_hybrid")
-    if c.threads > 0:
-        torch.set_num_threads(c.threads)
-    device = torch.device(c.device)
-    model = ckpt.build(device, system.model)
+    ckpt, model, device = model_for_graph(ckpt, system.model, graph, graph_dir, c)
     reader = FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars, input_dim=ckpt.input_dim)
     utts = tqdm(reader, total=len(reader.utts), desc="decoding", unit="utt",
                 disable=len(reader.utts) < 5)

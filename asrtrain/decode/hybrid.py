@@ -52,6 +52,23 @@ from asrtrain.models.checkpoint import ModelCheckpoint
 log = logging.getLogger(__name__)
 
 
+
+def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: Path,
+                    c: HybridDecodeConfig) -> tuple[ModelCheckpoint, torch.nn.Module,
+                                                   torch.device]:
+    """The hybrid model of ``ckpt``, built on ``c.device`` with ``c.threads``, once its outputs
+    are checked against the graph's pdfs (before the model is built, so that a model of another
+    tree is named as such)."""
+    if ckpt.output_dim != int(graph.info["num_pdfs"]):
+        raise AsrtrainError(f"{model_path}: the model has {ckpt.output_dim} outputs but "
+                            f"{graph_dir / 'HCLG.fst'} was built for {graph.info['num_pdfs']} "
+                            "pdfs; train on this graph's alignments or rebuild the graph")
+    if c.threads > 0:
+        torch.set_num_threads(c.threads)
+    device = torch.device(c.device)
+    return ckpt, ckpt.build(device, model_path), device
+
+
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
                   cfg: Mapping | HybridDecodeConfig | None = None) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
@@ -68,17 +85,8 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     c = HybridDecodeConfig.from_config(cfg)
     model_path, graph_dir, data_dir, out_dir = map(Path, (model_path, graph_dir, data_dir, out_dir))
     graph = load_graph(graph_dir)
-    # The checkpoint is checked against the graph before the model is built from it
-    # (``load_model`` in two steps), so a model for another tree is named as such.
-    ckpt = ModelCheckpoint.load(model_path, head="ce")
-    if ckpt.output_dim != int(graph.info["num_pdfs"]):
-        raise AsrtrainError(f"{model_path}: the model has {ckpt.output_dim} outputs but "
-                            f"{graph_dir / 'HCLG.fst'} was built for {graph.info['num_pdfs']} "
-                            "pdfs; train on this graph's alignments or rebuild the graph")
-    if c.threads > 0:
-        torch.set_num_threads(c.threads)
-    device = torch.device(c.device)
-    model = ckpt.build(device, model_path)
+    ckpt, model, device = model_for_graph(ModelCheckpoint.load(model_path, head="ce"),
+                                          model_path, graph, graph_dir, c)
     reader = _feature_reader(data_dir, ckpt)
     loglikes = pseudo_loglikes(model, iter(reader), ckpt.log_priors, ckpt.chunk or 21,
                                c.prior_scale, c.acoustic_scale, c.batch_chunks, device)
