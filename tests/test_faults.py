@@ -144,29 +144,20 @@ def test_learners_die_with_a_killed_launcher(exp: Path) -> None:
 
 
 @pytest.mark.timeout(HANG_GUARD * 3)
-def test_a_hung_learner_is_named_and_the_run_ends(exp: Path) -> None:
+@pytest.mark.parametrize("sig, rank, said", [
+    (signal.SIGSTOP, 2, "rank 2 stopped"),  # hung: alive, silent; named by who waited for it
+    (signal.SIGKILL, 1, "(exit code -9")])
+def test_the_learner_that_hangs_or_dies_is_named(exp: Path, sig, rank: int, said: str) -> None:
     proc = start(exp, *LONG, "trainer.timeout_s=15")
     wait_for(epochs_done(exp), "two epochs", proc)
-    os.kill(learners(exp)[2], signal.SIGSTOP)
+    os.kill(learners(exp)[rank], sig)
     _, stderr = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 1
     line = one_error_line(stderr)
-    assert line.startswith("asrtrain: error: learner rank 2 failed first"), line
-    assert "rank 2 stopped" in line  # in the words of the learner that waited for it
+    assert line.startswith(f"asrtrain: error: learner rank {rank} failed first"), line
+    assert said in line
     no_leftovers(exp)
     resumes(exp)
-
-
-@pytest.mark.timeout(HANG_GUARD * 2)
-def test_a_learner_that_dies_is_named(exp: Path) -> None:
-    proc = start(exp, *LONG)
-    wait_for(epochs_done(exp), "two epochs", proc)
-    os.kill(learners(exp)[1], signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=HANG_GUARD)
-    assert proc.returncode == 1
-    line = one_error_line(stderr)
-    assert line.startswith("asrtrain: error: learner rank 1 failed first (exit code -9"), line
-    no_leftovers(exp)
 
 
 def test_leftover_temporaries_of_a_killed_run_are_removed(exp: Path) -> None:
