@@ -123,7 +123,7 @@ def test_fixed_setting_scores_the_stm_subsets(setup, tmp_path) -> None:
     assert set(summary["wer"]) == {"all", "swbd", "callhm"}
     assert summary["wer"]["all"]["ref_words"] == (summary["wer"]["swbd"]["ref_words"]
                                                   + summary["wer"]["callhm"]["ref_words"])
-    # an oracle decode: a few errors remain where the graph's LM weight outvotes the oracle
+    # a loose bound: the oracle posteriors decode nearly, not exactly, the reference
     assert summary["wer"]["all"]["wer"] < 10.0
     assert (out / "score" / "ctm.filt.sys").is_file()
     assert {k: c.as_dict() for k, c in summary["counts"].items()} == {
