@@ -17,7 +17,7 @@ from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL
 
 from asrtrain import AsrtrainError
 from asrtrain.data.corpora import prepare_corpus
-from asrtrain.data.corpora.datadir import prepare_user_corpus, split_dev
+from asrtrain.data.corpora.datadir import UserCorpus, prepare_user_corpus, split_dev
 from asrtrain.data.datadir import DataDir, Segment
 from asrtrain.lang.lexicon import Lang, cmudict_lexicon, make_dict_dir, prepare_lang, read_lexicon
 from asrtrain.recipe import MAX_AUTO_NJ, STAGE_ORDER, SYSTEM_STAGES, compose_recipe
@@ -285,3 +285,14 @@ def test_one_speaker_cannot_give_a_dev_set(datadir: Path) -> None:
     rest, dev = split_dev(DataDir.read(datadir), 10, "train", "dev")
     assert len(rest.spk2utt) == len(dev.spk2utt) == 1
     assert OmegaConf.select(compose_recipe(RECIPE), "corpus.dev_percent") == 10
+
+
+def test_a_lexicon_no_longer_given_leaves_no_dict_dir(datadir: Path, tmp_path: Path) -> None:
+    """The lang stage builds L.fst whenever data/local/dict exists: a rerun of prepare without
+    the lexicon removes the one an earlier run wrote."""
+    data = DataDir.read(datadir)
+    files = {k: v.encode() for k, v in make_dict_dir([("hello", ("h", "e"))]).items()}
+    assert UserCorpus({"train": data}, dict_files=files).write(tmp_path) == ["train"]
+    assert (tmp_path / "local" / "dict" / "lexicon.txt").read_text().endswith("hello h e\n")
+    UserCorpus({"train": data}).write(tmp_path)
+    assert not (tmp_path / "local" / "dict").exists() and (tmp_path / "train" / "text").is_file()
