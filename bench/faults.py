@@ -62,7 +62,10 @@ def argv(run: dict, fault: bool) -> list[str]:
 
 
 def faulty(run: dict, out: Path) -> tuple[bool, str, float]:
-    """Launch the faulty run in a process of its own: (hung, its error, seconds to the end)."""
+    """Launch the faulty run in a process of its own: (hung, its error, seconds to the end).
+
+    A launcher that ended without an ``AsrtrainError`` (a traceback, a crash) gives the last
+    line of its stderr, prefixed ``LAUNCHER:`` and its exit status."""
     code = ("import sys; from asrtrain import AsrtrainError; "
             "from asrtrain.distributed.launch import launch\n"
             "try: launch(sys.argv[2:], int(sys.argv[1]), module='synthetic', module_args=())\n"
@@ -71,16 +74,19 @@ def faulty(run: dict, out: Path) -> tuple[bool, str, float]:
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code, str(run["learners"]),
                              *argv(run, True), "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env,
+                            stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        stdout, _ = proc.communicate(timeout=HANG_GUARD_S)
+        stdout, stderr = proc.communicate(timeout=HANG_GUARD_S)
         hung = False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        stdout, _ = proc.communicate()
+        stdout, stderr = proc.communicate()
         hung = True
     error = next((line[6:] for line in stdout.splitlines() if line.startswith("ERROR ")), "")
+    if not error and not hung and proc.returncode != 0:
+        last = [line for line in stderr.splitlines() if line.strip()][-1:] or [""]
+        error = f"LAUNCHER: exit status {proc.returncode}: {last[0][:300]}"
     return hung, error, time.monotonic() - t0
 
 
@@ -103,6 +109,7 @@ def one(run: dict, out: Path) -> dict:
     record = {**run, "hung": hung, "ended_s": round(ended_s, 2), "error": error,
               "named_victim": bool(first) and int(first.group(1)) == run["victim"],
               "blamed_other": bool(first) and int(first.group(1)) != run["victim"],
+              "launcher_failed": error.startswith("LAUNCHER:"),
               "finished_anyway": not hung and not error, "left_behind": leftovers(out)}
     t1 = time.monotonic()
     try:
@@ -125,6 +132,8 @@ def summary(records: list[dict]) -> dict:
         "runs_blaming_another_rank": sum(r["blamed_other"] for r in records),
         "runs_finished_despite_the_fault": len(records) - len(failed),
         "runs_leaving_a_process": sum(r["left_behind"] > 0 for r in records),
+        "launcher_failed_without_its_one_line": sum(r.get("launcher_failed", False)
+                                                    for r in records),
         "resumed": sum(r["resumed"] for r in records),
         "longest_run_s": max((r["ended_s"] for r in records), default=0.0),
         "median_run_s_by_how": {
