@@ -332,10 +332,10 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     pipeline = Pipeline(cfg, stages)
     decisions = pipeline.plan(start, stop, force)
     todo = [d for d in decisions if d.run and d.in_range]
+    pipeline.check(todo)  # a dry run too: a plan the real run would refuse is no plan
     if dry_run:
         print(describe_plan(decisions), flush=True)
         return [d.stage for d in todo]
-    pipeline.check(todo)
     paths = pipeline.paths
     ran: list[str] = []
     t_all = time.time()

@@ -180,6 +180,8 @@ def test_checks_run_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(AsrtrainError, match="c.z must be"):
         run_recipe(_cfg(tmp_path, c={"z": -1}), _stages(log, c={"check": check}))
     assert log == [] and not (tmp_path / "exp" / ".done").exists()
+    with pytest.raises(AsrtrainError, match="c.z must be"):  # a dry run refuses it too
+        run_recipe(_cfg(tmp_path, c={"z": -1}), _stages(log, c={"check": check}), dry_run=True)
 
 
 def test_the_record_is_json_with_config_and_inputs(tmp_path: Path) -> None:
