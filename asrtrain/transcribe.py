@@ -345,7 +345,7 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
     graph_dir = _graph_dir(system, ckpt.model_config)
     graph = load_graph(graph_dir)
     graph.info["lang_dir"] = str(system.paths.lang)    # this exp's, wherever it was built
-    ckpt, model, device = model_for_graph(ckpt, system.model, graph, graph_dir, c)
+    model, device = model_for_graph(ckpt, system.model, graph, graph_dir, c)
     reader = FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars, input_dim=ckpt.input_dim)
     utts = tqdm(reader, total=len(reader.utts), desc="decoding", unit="utt",
                 disable=len(reader.utts) < 5)

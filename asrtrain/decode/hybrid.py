@@ -54,8 +54,7 @@ log = logging.getLogger(__name__)
 
 
 def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: Path,
-                    c: HybridDecodeConfig) -> tuple[ModelCheckpoint, torch.nn.Module,
-                                                   torch.device]:
+                    c: HybridDecodeConfig) -> tuple[torch.nn.Module, torch.device]:
     """The hybrid model of ``ckpt``, built on ``c.device`` with ``c.threads``, once its outputs
     are checked against the graph's pdfs (before the model is built, so that a model of another
     tree is named as such)."""
@@ -66,7 +65,7 @@ def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: P
     if c.threads > 0:
         torch.set_num_threads(c.threads)
     device = torch.device(c.device)
-    return ckpt, ckpt.build(device, model_path), device
+    return ckpt.build(device, model_path), device
 
 
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
@@ -85,8 +84,8 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     c = HybridDecodeConfig.from_config(cfg)
     model_path, graph_dir, data_dir, out_dir = map(Path, (model_path, graph_dir, data_dir, out_dir))
     graph = load_graph(graph_dir)
-    ckpt, model, device = model_for_graph(ModelCheckpoint.load(model_path, head="ce"),
-                                          model_path, graph, graph_dir, c)
+    ckpt = ModelCheckpoint.load(model_path, head="ce")
+    model, device = model_for_graph(ckpt, model_path, graph, graph_dir, c)
     reader = _feature_reader(data_dir, ckpt)
     loglikes = pseudo_loglikes(model, iter(reader), ckpt.log_priors, ckpt.chunk or 21,
                                c.prior_scale, c.acoustic_scale, c.batch_chunks, device)

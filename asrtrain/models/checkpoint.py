@@ -14,6 +14,7 @@ short or altered after it was written is an error naming the file, not a NaN los
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,9 +64,13 @@ def load(path: str | Path) -> dict:
             unpickled (one line naming the file).
     """
     path = Path(path)
-    checksum.verify(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        data = path.read_bytes()  # read once: hashed, then unpickled from memory
+    except FileNotFoundError:
+        data = None
+    checksum.verify(path, data)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     except Exception as e:
         raise AsrtrainError(f"{path}: cannot read the checkpoint ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''}); rerun the recipe "

@@ -14,6 +14,7 @@ No torch here: the pipeline checks ``final.pt`` while it plans, before any stage
 from __future__ import annotations
 
 import hashlib
+import io
 import zipfile
 from pathlib import Path
 
@@ -60,35 +61,37 @@ def recorded(path: str | Path) -> str | None:
     return fields[0]
 
 
-def damage(path: str | Path) -> str | None:
+def damage(path: str | Path, data: bytes | None = None) -> str | None:
     """Why ``path`` cannot be trusted ("missing", "cut short or altered: ..."), or None when it
-    matches its sidecar or has none."""
+    matches its sidecar or has none. ``data``: its bytes, when the caller read them already."""
     path = Path(path)
-    if not path.is_file():
+    if data is None and not path.is_file():
         return "missing"
     try:
         want = recorded(path)
     except AsrtrainError:
         return f"its checksum file {sidecar(path).name} is not a sha256 line"
     if want is None:
-        return None if zipfile.is_zipfile(path) else (
+        whole = zipfile.is_zipfile(io.BytesIO(data) if data is not None else path)
+        return None if whole else (
             "cut short: not a whole zip archive, as torch.save writes (and no "
             f"{sidecar(path).name} to say more)")
-    got = sha256_file(path)
+    got = hashlib.sha256(data).hexdigest() if data is not None else sha256_file(path)
     if got != want:
         return (f"cut short or altered after it was written: its sha256 {got[:12]}... is not "
-                f"the {want[:12]}... recorded in {sidecar(path).name} ({path.stat().st_size} "
+                f"the {want[:12]}... recorded in {sidecar(path).name} "
+                f"({len(data) if data is not None else path.stat().st_size} "
                 "bytes now)")
     return None
 
 
-def verify(path: str | Path) -> None:
+def verify(path: str | Path, data: bytes | None = None) -> None:
     """Raise if ``path`` is missing or differs from its recorded sha256.
 
     Raises:
         AsrtrainError: one line naming the file and what is wrong with it.
     """
-    why = damage(path)
+    why = damage(path, data)
     if why == "missing":
         raise AsrtrainError(f"{path}: no such checkpoint")
     if why is not None:
