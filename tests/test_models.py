@@ -1,4 +1,6 @@
-"""The BLSTM runs each direction on the padded batch: it must equal torch's packed BLSTM."""
+"""The BLSTM's three ways to run a layer (one bidirectional call, two unidirectional calls on the
+padded batch, one bidirectional call on a packed sequence) equal each other and torch's packed
+BLSTM, outputs and gradients, on one parameter layout that checkpoints keep."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from asrtrain.models.blstm import BLSTM, reverse_padded
+from asrtrain.models.blstm import BLSTM, choose_layout, reverse_padded
 
 
 def packed_reference(model: BLSTM, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -82,3 +84,62 @@ def test_checkpoints_of_the_packed_lstm_still_load() -> None:
     torch.testing.assert_close(old(feats, lengths)[0], model(feats, lengths)[0])
     torch.testing.assert_close(old(feats, lengths)[0], packed_reference(model, feats, lengths),
                                rtol=1e-5, atol=1e-5)
+
+
+def _outputs_and_gradients(model: BLSTM, layout: str, feats: torch.Tensor,
+                           lengths: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Logits and the gradients of a masked loss for every parameter and the input."""
+    model.layout = layout
+    model.zero_grad()
+    feats = feats.clone().requires_grad_(True)
+    logits, _ = model(feats, lengths)
+    mask = (torch.arange(feats.shape[1]) < lengths[:, None]).unsqueeze(-1)
+    (logits.tanh() * mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return logits.detach(), {**grads, "input": feats.grad}
+
+
+@pytest.mark.parametrize(("case", "lengths", "layouts"), [
+    ("chunks", [21, 21, 21, 21, 21], ["bidirectional", "padded", "packed"]),
+    ("padded", [21, 9, 17, 1, 21], ["padded", "packed"]),
+])
+def test_layouts_give_equal_outputs_and_gradients(case: str, lengths: list[int],
+                                                  layouts: list[str]) -> None:
+    torch.manual_seed(0)
+    model = BLSTM(6, 11, layers=3, cells=8, bottleneck=5, dropout=0.0)
+    lengths_t = torch.tensor(lengths)
+    feats = torch.randn(len(lengths), 21, 6)
+    ref_logits, ref_grads = _outputs_and_gradients(model, layouts[0], feats, lengths_t)
+    assert all(g.abs().sum() > 0 for g in ref_grads.values())
+    for layout in layouts[1:]:
+        logits, grads = _outputs_and_gradients(model, layout, feats, lengths_t)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5, msg=layout)
+        for name, g in ref_grads.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5,
+                                       msg=f"{layout}: {name}")
+    # the automatic choice takes the first of each case on this CPU
+    model.layout = "auto"
+    torch.testing.assert_close(model(feats, lengths_t)[0], ref_logits, rtol=0, atol=0)
+    assert choose_layout(lengths_t, 21, torch.device("cpu")) == layouts[0]
+
+
+def test_layout_chosen_by_device_and_lengths() -> None:
+    equal, unequal = torch.tensor([21, 21]), torch.tensor([21, 20])
+    assert choose_layout(equal, 21, torch.device("cpu")) == "bidirectional"
+    assert choose_layout(equal, 21, torch.device("cuda", 0)) == "bidirectional"
+    assert choose_layout(unequal, 21, torch.device("cpu")) == "padded"
+    assert choose_layout(unequal, 21, torch.device("cuda", 0)) == "packed"
+    model = BLSTM(3, 4, layers=1, cells=2, bottleneck=0)
+    model.layout = "cudnn"
+    with pytest.raises(ValueError, match="BLSTM.layout='cudnn'"):
+        model(torch.zeros(1, 2, 3), torch.tensor([2]))
+
+
+def test_parameter_layout_is_the_checkpoints_one() -> None:
+    """Checkpoints written before the bidirectional call was added load as they are: the
+    parameters keep their names (the two directions of each layer)."""
+    model = BLSTM(5, 7, layers=2, cells=6, bottleneck=4)
+    lstm_keys = {k for k in model.state_dict() if k.startswith("layers.")}
+    assert lstm_keys == {f"layers.{i}.{d}.{w}_l0" for i in range(2)
+                         for d in ("forward_lstm", "backward_lstm")
+                         for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
