@@ -874,11 +874,15 @@ def extra_vocabulary(vocab: int, seed: int) -> list[str]:
     return random.Random(seed).sample(pool, min(want, len(pool)))
 
 
+GRAMMAR_OBJECTS = {key: list(SLOTS[key]) for key in ("thing", "things")}
+
+
 def install_vocabulary(extra: list[str]) -> None:
-    """Add the extra words as objects of the grammar ({thing} and {things} slots)."""
+    """Make the extra words objects of the grammar ({thing} and {things} slots); idempotent,
+    so the draws are the same in one process as in fresh workers."""
     half = len(extra) // 2
-    SLOTS["thing"] = SLOTS["thing"] + extra[:half]
-    SLOTS["things"] = SLOTS["things"] + extra[half:]
+    SLOTS["thing"] = GRAMMAR_OBJECTS["thing"] + extra[:half]
+    SLOTS["things"] = GRAMMAR_OBJECTS["things"] + extra[half:]
 
 
 def speaker_pool(n: int, rng: random.Random) -> list[Side]:
