@@ -167,7 +167,9 @@ def run(args: argparse.Namespace) -> None:
              "global_samples": backend.global_samples(), "distances": distances,
              "final_distance": final_distance, "mean_loss": metrics["loss"],
              "exchanges": getattr(getattr(backend, "gossip", None), "exchanges", 0),
-             "threads": torch.get_num_threads(), "describe": backend.describe()}
+             "threads": torch.get_num_threads(), "describe": backend.describe(),
+             # True where this process was forked from one that had used CUDA (it could not)
+             "cuda_bad_fork": torch.cuda._is_in_bad_fork()}
     backend.close()  # drains gossip: the models below are quiescent
     final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     with atomic_open(out / f"rank{rank}.pt", "wb") as f:

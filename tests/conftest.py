@@ -1,13 +1,34 @@
-"""Shared fixtures: small real data dirs with real WAV audio, written per test."""
+"""Shared fixtures: small real data dirs with real WAV audio, written per test; the device.
+
+Device: the suite runs on the CPU, also on a machine with a GPU. Unless ``ASRTRAIN_TEST_DEVICE``
+is ``cuda``, this file hides the GPUs (``CUDA_VISIBLE_DEVICES=''``) before anything imports
+torch, so every test, every trainer it runs in-process and every learner or CLI process it starts
+sees no CUDA and trains on the CPU: the same results on every machine, and no CUDA state (driver,
+autograd's device threads) in the pytest process that a fork could copy. Tests that need a GPU
+are marked ``@pytest.mark.cuda`` and take the ``device`` fixture; they run only in a session of
+their own, ``ASRTRAIN_TEST_DEVICE=cuda pytest -m cuda`` (a CUDA session runs no other test), and
+are skipped, with the reason, elsewhere.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
+
+#: ``cpu`` (the default: GPUs hidden) or ``cuda`` (only the tests marked ``cuda`` run).
+TEST_DEVICE = os.environ.get("ASRTRAIN_TEST_DEVICE", "cpu")
+if TEST_DEVICE == "cpu":
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_initialized():
+            raise RuntimeError("tests/conftest.py: CUDA was initialised before the CPU pin")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REPO = Path(__file__).resolve().parents[1]
@@ -52,3 +73,44 @@ def write_datadir(root: Path, n_speakers: int = 2, utts_per_speaker: int = 3,
 @pytest.fixture
 def datadir(tmp_path: Path) -> Path:
     return write_datadir(tmp_path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if TEST_DEVICE not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"ASRTRAIN_TEST_DEVICE={TEST_DEVICE!r}: use cpu or cuda")
+    config.addinivalue_line(
+        "markers", "cuda: needs a GPU; runs only with ASRTRAIN_TEST_DEVICE=cuda (pytest -m cuda)")
+
+
+def _gpus() -> int:
+    """GPUs torch sees (NVML first: the count does not mark the process against forking)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if TEST_DEVICE == "cpu":
+        skip = pytest.mark.skip(reason="needs a GPU: the suite pins the CPU; run "
+                                "ASRTRAIN_TEST_DEVICE=cuda pytest -m cuda")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+        return
+    gpus = _gpus() if any("cuda" in item.keywords for item in items) else 0
+    for item in items:
+        if "cuda" not in item.keywords:
+            item.add_marker(pytest.mark.skip(
+                reason="ASRTRAIN_TEST_DEVICE=cuda runs only the tests marked cuda; the others "
+                       "run in the default (CPU-pinned) session"))
+        elif gpus == 0:
+            item.add_marker(pytest.mark.skip(
+                reason="ASRTRAIN_TEST_DEVICE=cuda but torch sees no CUDA device"))
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest):
+    """The device of this test: ``cuda`` for a test marked cuda, else the CPU."""
+    import torch
+
+    return torch.device("cuda" if "cuda" in request.keywords else "cpu")

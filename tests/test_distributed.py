@@ -8,6 +8,7 @@ starts at once) with torchrun's environment variables, and run the synthetic lea
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -171,3 +172,22 @@ def test_dead_learner_stops_the_others_naming_it(tmp_path: Path, backend: str) -
         message = (tmp_path / f"error{r}.txt").read_text()
         assert "AsrtrainError" in message and "rank 2 stopped" in message, message
     assert time.monotonic() - start < 100
+
+
+@pytest.mark.timeout(120)
+def test_learners_start_clean_after_the_parent_used_cuda(tmp_path: Path) -> None:
+    """A learner must not be a fork of a process that used CUDA (on a GPU machine such a child
+    fails: "Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"). Asking CUDA anything marks this process the way CUDA use does; the
+    learners, forked from a fork server that never touched CUDA, must not inherit the mark."""
+    torch.cuda.is_available()  # initialises the CUDA driver: from now on a fork here is bad
+    pid = os.fork()
+    if pid == 0:  # the control: a plain fork of this process is marked
+        os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 3:
+        pytest.skip("this torch build does not mark forks after CUDA use (no CUDA support)")
+    codes = spawn(tmp_path, 2, "--backend", "adpsgd", "--steps", "3")
+    assert codes == {0: 0, 1: 0}, list(tmp_path.glob("error*"))
+    stats, _ = results(tmp_path, 2)
+    assert [s["cuda_bad_fork"] for s in stats] == [False, False]

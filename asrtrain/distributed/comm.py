@@ -37,10 +37,22 @@ def cpu_threads(threads: int = 0) -> int:
 
 
 def learner_device(local_rank: int, cpu: bool) -> torch.device:
-    """``cuda:<local_rank>`` where CUDA is available and ``cpu`` is not asked for, else the CPU."""
-    if torch.cuda.is_available() and not cpu:
-        return torch.device(f"cuda:{local_rank}")
-    return torch.device("cpu")
+    """``cuda:<local_rank>`` where CUDA is available and ``cpu`` is not asked for, else the CPU.
+
+    With ``cpu`` CUDA is not even queried: ``torch.cuda.is_available()`` initialises the driver
+    and marks the process, so that a child it forks cannot use CUDA. Learners are started by
+    torchrun (new processes) or forked from a fork server that never touched CUDA
+    (``bench/synthetic.py``), never forked from a process that used it.
+    """
+    if cpu or not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if local_rank >= gpus:
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): one learner per GPU.
+        raise AsrtrainError(
+            f"learner with local rank {local_rank} has no GPU of its own: this machine has "
+            f"{gpus}; set trainer.learners to at most {gpus}, or trainer.cpu=true")
+    return torch.device(f"cuda:{local_rank}")
 
 
 def group_backend(device: torch.device) -> str:
