@@ -50,6 +50,15 @@ class ChunkBatch:
         return int(self.lengths.sum())
 
 
+@dataclass
+class EpochBlock:
+    """One block of an epoch's plan: the utterances read for it, and the batches that are
+    full once they are in (chunk numbers, [batches, batch size])."""
+
+    utts: list[str]
+    batches: np.ndarray
+
+
 def read_alignments(ali_dir: str | Path) -> tuple[dict[str, str], int]:
     """The ``ali.scp`` (utterance → int32 pdf-id vector) and ``num_pdfs`` of an align dir."""
     ali_dir = Path(ali_dir)
@@ -88,6 +97,7 @@ class ChunkSet:
                         missing)
         self.num_frames = {u: data.utt2num_frames[u] for u in self.utts}
         self.dim = self.reader.transform.output_dim(self.reader.raw(self.utts[0]).shape[1])
+        self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return sum(len(chunk_starts(n, self.chunk)) for n in self.num_frames.values())
@@ -108,6 +118,10 @@ class ChunkSet:
 
     def cut(self, utt: str) -> list[tuple[np.ndarray, np.ndarray]]:
         feats, ali = self.load(utt)
+        if feats.shape[0] != self.num_frames[utt]:
+            raise AsrtrainError(f"{self.data_dir}/utt2num_frames: utterance {utt} has "
+                                f"{self.num_frames[utt]} frames, its features "
+                                f"{feats.shape[0]}; rerun the features stage")
         return [(feats[s: s + self.chunk], ali[s: s + self.chunk])
                 for s in chunk_starts(feats.shape[0], self.chunk)]
 
@@ -128,26 +142,79 @@ class ChunkSet:
                                 f"less than one batch of {batch_size}: lower the batch size")
         return steps
 
-    def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
-                block_utts: int = 256, steps: int | None = None) -> Iterator[ChunkBatch]:
-        """This learner's batches for one epoch (``seed`` None: in order, every chunk)."""
+    def chunk_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every chunk of the set, numbered utterance by utterance in ``self.utts`` order:
+        (utterance index, start frame, frames) per chunk, from ``utt2num_frames``."""
+        if self._table is None:
+            utt, start, length = [], [], []
+            for i, u in enumerate(self.utts):
+                n = self.num_frames[u]
+                for s in chunk_starts(n, self.chunk):
+                    utt.append(i)
+                    start.append(s)
+                    length.append(min(self.chunk, n - s))
+            self._table = (np.asarray(utt, dtype=np.int64), np.asarray(start, dtype=np.int64),
+                           np.asarray(length, dtype=np.int64))
+        return self._table
+
+    def plan(self, seed: int | None, rank: int, world: int, batch_size: int,
+             block_utts: int = 256, steps: int | None = None) -> Iterator[EpochBlock]:
+        """This learner's epoch as chunk numbers (see :meth:`chunk_table`), block by block.
+
+        The one definition of an epoch's order, for the streaming and the resident loaders
+        alike: the shard of :meth:`shard`, read ``block_utts`` utterances at a time; each
+        block's chunks join those left over and are shuffled together (``random.shuffle``
+        permutes by the list's length only, so shuffling chunk numbers orders the chunks as
+        shuffling the chunks themselves did), and full batches are taken from the front.
+        ``steps`` caps the batches; ``seed`` None keeps every chunk in order and ends with the
+        partial batch (evaluation).
+        """
         rng = random.Random(None if seed is None else seed * 7919 + rank)
-        utts = self.shard(seed, rank, world)
-        pending: list[tuple[np.ndarray, np.ndarray]] = []
+        first, index = self._first_chunk(), self._index()
+        pending: list[int] = []
         made = 0
+        utts = self.shard(seed, rank, world)
         for i in range(0, len(utts), block_utts):
-            for u in utts[i: i + block_utts]:
-                pending.extend(self.cut(u))
+            block = utts[i: i + block_utts]
+            for u in block:
+                k = index[u]
+                pending.extend(range(first[k], first[k + 1]))
             if seed is not None:
                 rng.shuffle(pending)
-            while len(pending) >= batch_size:
-                yield self.collate(pending[:batch_size])
-                pending = pending[batch_size:]
-                made += 1
-                if steps is not None and made >= steps:
-                    return
+            n = len(pending) // batch_size
+            if steps is not None:
+                n = min(n, steps - made)
+            cut = n * batch_size
+            yield EpochBlock(block, np.asarray(pending[:cut], dtype=np.int64).reshape(
+                n, batch_size))
+            pending = pending[cut:]
+            made += n
+            if steps is not None and made >= steps:
+                return
         if pending and steps is None:
-            yield self.collate(pending)
+            yield EpochBlock([], np.asarray(pending, dtype=np.int64)[None])
+
+    def _first_chunk(self) -> list[int]:
+        """Number of each utterance's first chunk, and the number of chunks at the end."""
+        utt = self.chunk_table()[0]
+        return np.searchsorted(utt, np.arange(len(self.utts) + 1)).tolist()
+
+    def _index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.utts)}
+
+    def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
+                block_utts: int = 256, steps: int | None = None) -> Iterator[ChunkBatch]:
+        """This learner's batches for one epoch, streamed from the arks block by block
+        (``seed`` None: in order, every chunk); the order is :meth:`plan`'s."""
+        first, index = self._first_chunk(), self._index()
+        held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for block in self.plan(seed, rank, world, batch_size, block_utts, steps):
+            for u in block.utts:
+                k = index[u]
+                for c, piece in zip(range(first[k], first[k + 1]), self.cut(u), strict=True):
+                    held[c] = piece
+            for ids in block.batches:
+                yield self.collate([held.pop(int(c)) for c in ids])
 
     def collate(self, chunks: list[tuple[np.ndarray, np.ndarray]]) -> ChunkBatch:
         b, d = len(chunks), chunks[0][0].shape[1]

@@ -1,0 +1,262 @@
+"""Device-resident chunk data: a learner's features loaded once, batches made by index gather.
+
+The streaming loader (:meth:`ChunkSet.batches`) reads arks, applies CMVN and Δ/ΔΔ in numpy and
+collates chunk by chunk on the host: 0.7M frames per CPU-second (0.33M with Δ/ΔΔ), too slow for a
+GPU that trains at 600k frames/s. Here the features are read once into one tensor of frames
+(CMVN applied, stored as fp16 on the GPU when they fit, else in pinned host memory; on the CPU in
+plain host memory), the alignments into one vector of pdf ids, and a batch is one gather: chunk
+numbers → frame indices → rows. Δ/ΔΔ are computed in the gather from the stored frames (a
+weighted sum of the ±2·order neighbours, indices clamped to the utterance as Kaldi's
+``add-deltas`` does), so the store holds the raw dimensions only.
+
+The order of chunks is :meth:`ChunkSet.plan`'s, shared with the streaming loader, so both give
+the same batches for the same seed (to fp16 rounding where fp16 is stored).
+
+Why every learner holds the whole training set: the shards are dealt afresh every epoch
+(:meth:`ChunkSet.shard`), so the union of a learner's shards over the epochs is the whole set;
+holding only this epoch's shard would mean reading arks again every epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from asrtrain import AsrtrainError
+from asrtrain.features.transform import _delta_scales
+from asrtrain.train.chunks import IGNORE, ChunkBatch, ChunkSet
+
+log = logging.getLogger(__name__)
+
+#: Share of the GPU's free memory the store may take (the model and activations need the rest).
+GPU_SHARE = 0.5
+#: Share of the host's available memory the store may take.
+HOST_SHARE = 0.7
+#: Frames read and normalised together while loading.
+LOAD_FRAMES = 1 << 20
+DELTA_WINDOW = 2  # Kaldi add-deltas' default
+
+
+def learner_data_device(cpu: bool) -> torch.device:
+    """Where this learner computes: the current CUDA device (the learner set it) unless ``cpu``."""
+    if torch.cuda.is_available() and not cpu:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def host_available_bytes() -> int:
+    """The host memory available to new allocations (``MemAvailable`` of /proc/meminfo)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def bytes_per_frame(raw_dim: int, dtype: torch.dtype, chunk: int) -> float:
+    """What the store holds per frame: the raw dimensions, an int32 pdf id, and per chunk
+    three int64 indices (first frame, utterance start, utterance end) spread over its frames."""
+    return raw_dim * torch.empty((), dtype=dtype).element_size() + 4 + 3 * 8 / chunk
+
+
+def place(nbytes: int, device: torch.device, what: str,
+          host_bytes: int | None = None) -> tuple[torch.device, bool]:
+    """Where a store of ``nbytes`` goes for a learner on ``device``: (store device, pinned).
+
+    The GPU when it fits in :data:`GPU_SHARE` of its free memory, else pinned host memory, when
+    that fits in :data:`HOST_SHARE` of the available host memory (``host_bytes``: that figure,
+    else measured); else one error line with the figures.
+    """
+    gib = 1 << 30
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes <= GPU_SHARE * free:
+            return device, False
+    host = host_available_bytes() if host_bytes is None else host_bytes
+    if nbytes <= HOST_SHARE * host:
+        return torch.device("cpu"), device.type == "cuda"
+    gpu = (f"{GPU_SHARE:.0%} of the {free / gib:.2f} GiB free on {device}, nor in "
+           if device.type == "cuda" else "")
+    raise AsrtrainError(f"{what}: {nbytes / gib:.2f} GiB of resident chunk data do not fit in "
+                        f"{gpu}{HOST_SHARE:.0%} of the {host / gib:.2f} GiB of available host "
+                        "memory; use trainer.chunk_data=stream (read from the arks) or fewer "
+                        "learners per machine")
+
+
+class ResidentChunks:
+    """The chunks of a :class:`ChunkSet`, resident on a device, served as :class:`ChunkBatch`es
+    on ``device`` (features float32, targets int64 with ``IGNORE`` on padding, lengths on the
+    CPU).
+
+    ``dtype``: how frames are stored (default fp16 on a GPU, fp32 on the CPU, where converting
+    fp16 back costs more than the memory saves; see bench/loader.py). ``host_bytes``: the host
+    memory to plan with (default: what the host has available).
+    """
+
+    def __init__(self, chunks: ChunkSet, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | None = None, host_bytes: int | None = None) -> None:
+        self.chunks = chunks
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
+        reader = chunks.reader
+        self.raw_dim = int(reader.raw(chunks.utts[0]).shape[1])
+        self.order = int(reader.transform.delta_order)
+        utt, start, length = chunks.chunk_table()
+        self.frames = sum(chunks.num_frames[u] for u in chunks.utts)
+        self.bytes_per_frame = bytes_per_frame(self.raw_dim, self.dtype, chunks.chunk)
+        self.nbytes = int((self.frames + 1) * self.bytes_per_frame)
+        self.store_device, pinned = place(self.nbytes, self.device, str(chunks.data_dir),
+                                          host_bytes)
+        self.feats, self.targets = self._load(pinned)
+        frame0 = np.cumsum([0] + [chunks.num_frames[u] for u in chunks.utts])
+        on = self.store_device
+        self.first = torch.from_numpy(frame0[utt] + start).to(on)
+        self.utt_lo = torch.from_numpy(frame0[utt]).to(on)
+        self.utt_hi = torch.from_numpy(frame0[utt + 1]).to(on)
+        self.length = torch.from_numpy(length).to(on)
+        self.host_length = torch.from_numpy(length)
+        self.steps_t = torch.arange(chunks.chunk, device=on)
+        self.window = torch.arange(-self.order * DELTA_WINDOW, self.order * DELTA_WINDOW + 1,
+                                   device=on)
+        self.filters = self._delta_filters().to(self.device)
+        log.info("%s: %d frames resident on %s%s as %s, %.1f bytes per frame: %.1f MiB",
+                 chunks.data_dir, self.frames, self.store_device, " (pinned)" if pinned else "",
+                 str(self.dtype).replace("torch.", ""), self.bytes_per_frame,
+                 self.nbytes / (1 << 20))
+
+    # ------------------------------------------------------------------ loading
+    def _load(self, pinned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every utterance's frames after CMVN (row ``frames`` is the zero padding frame) and
+        pdf ids (``IGNORE`` at the padding frame)."""
+        n, on = self.frames, self.store_device
+        feats = torch.empty(n + 1, self.raw_dim, dtype=self.dtype, device=on, pin_memory=pinned)
+        targets = torch.empty(n + 1, dtype=torch.int32, device=on, pin_memory=pinned)
+        feats[n] = 0
+        targets[n] = IGNORE
+        shift, scale, speaker = self._cmvn()
+        offset, mats, alis, spks = 0, [], [], []
+        utts = self.chunks.utts
+        for i, utt in enumerate(tqdm(utts, desc="loading chunk data", unit="utt", disable=None,
+                                     leave=False)):
+            mat, ali = self._read(utt)
+            mats.append(mat)
+            alis.append(ali)
+            spks.append(speaker[utt])
+            if sum(len(a) for a in alis) >= LOAD_FRAMES or i == len(utts) - 1:
+                x = self._normalise(mats, spks, shift, scale)
+                feats[offset: offset + len(x)] = x.to(on, self.dtype)
+                targets[offset: offset + len(x)] = torch.from_numpy(np.concatenate(alis)).to(on)
+                offset += len(x)
+                mats, alis, spks = [], [], []
+        return feats, targets
+
+    def _read(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
+        """``utt``'s stored features and pdf ids, checked against each other and the set."""
+        cs = self.chunks
+        mat = cs.reader.raw(utt)
+        if mat.ndim != 2 or mat.shape[1] != self.raw_dim:
+            raise AsrtrainError(f"{cs.reader.feats_scp}: utterance {utt}: features of shape "
+                                f"{mat.shape}, expected [frames, {self.raw_dim}]")
+        if mat.shape[0] != cs.num_frames[utt]:
+            raise AsrtrainError(f"{cs.data_dir}/utt2num_frames: utterance {utt} has "
+                                f"{cs.num_frames[utt]} frames, its features {mat.shape[0]}; "
+                                "rerun the features stage")
+        try:
+            ali = np.asarray(kaldiio.load_mat(cs.ali[utt]), dtype=np.int32)
+        except Exception as e:
+            raise AsrtrainError(f"{cs.ali_dir}/ali.scp: utterance {utt}: {e}") from e
+        if ali.shape != (mat.shape[0],):
+            raise AsrtrainError(f"{cs.ali_dir}/ali.scp: utterance {utt} has {ali.shape[0]} "
+                                f"frames of alignment for {mat.shape[0]} frames of features")
+        if ali.size and (ali.min() < 0 or ali.max() >= cs.num_pdfs):
+            raise AsrtrainError(f"{cs.ali_dir}/ali.scp: utterance {utt} has pdf ids outside "
+                                f"[0, {cs.num_pdfs})")
+        return mat, ali
+
+    def _cmvn(self) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, int]]:
+        """Per-speaker shift and scale on the compute device (Kaldi's ``apply-cmvn``), and each
+        utterance's speaker row; (None, None, …) without CMVN statistics."""
+        reader = self.chunks.reader
+        stats, utt2spk = reader.transform.cmvn, reader.data.utt2spk
+        if not stats:
+            return None, None, {u: 0 for u in self.chunks.utts}
+        names = sorted({utt2spk[u] for u in self.chunks.utts})
+        shift = np.zeros((len(names), self.raw_dim))
+        scale = np.ones((len(names), self.raw_dim))
+        for i, spk in enumerate(names):
+            s = stats[spk]
+            if s.shape[1] != self.raw_dim + 1:
+                raise AsrtrainError(f"{reader.cmvn_scp}: speaker {spk} has {s.shape[1] - 1}-dim "
+                                    f"statistics, but the features in {reader.feats_scp} have "
+                                    f"{self.raw_dim} dims; rerun the features stage")
+            count = s[0, -1]
+            shift[i] = s[0, :-1] / count
+            if reader.transform.norm_vars:
+                scale[i] = 1 / np.sqrt(np.maximum(s[1, :-1] / count - shift[i] ** 2, 1e-10))
+        row = {spk: i for i, spk in enumerate(names)}
+        as_tensor = lambda a: torch.tensor(a, dtype=torch.float32, device=self.device)  # noqa: E731
+        return as_tensor(shift), as_tensor(scale), {u: row[utt2spk[u]] for u in self.chunks.utts}
+
+    def _normalise(self, mats: list[np.ndarray], spks: list[int], shift: torch.Tensor | None,
+                   scale: torch.Tensor | None) -> torch.Tensor:
+        """The utterances' frames, concatenated, after CMVN on the compute device (float32)."""
+        x = torch.from_numpy(np.concatenate(mats).astype(np.float32, copy=False)).to(self.device)
+        if shift is None:
+            return x
+        rows = torch.repeat_interleave(torch.tensor(spks, device=self.device),
+                                       torch.tensor([len(m) for m in mats], device=self.device))
+        return (x - shift[rows]) * scale[rows]
+
+    def _delta_filters(self) -> torch.Tensor:
+        """[order + 1, window] weights of the static features, Δ and ΔΔ over the frames
+        ``-order·2 … +order·2`` (Kaldi's DeltaFeatures filters, centred)."""
+        width = 2 * self.order * DELTA_WINDOW + 1
+        out = torch.zeros(self.order + 1, width, dtype=torch.float32)
+        for o, s in enumerate(_delta_scales(self.order, DELTA_WINDOW)):
+            pad = (width - len(s)) // 2
+            out[o, pad: pad + len(s)] = torch.from_numpy(s)
+        return out
+
+    # ------------------------------------------------------------------ batches
+    def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
+                block_utts: int = 256, steps: int | None = None) -> Iterator[ChunkBatch]:
+        """This learner's batches of one epoch, in :meth:`ChunkSet.plan`'s order: per block one
+        copy of its chunk numbers to the device, per step one gather."""
+        for block in self.chunks.plan(seed, rank, world, batch_size, block_utts, steps):
+            if not block.batches.size:
+                continue
+            ids = torch.from_numpy(block.batches)
+            lengths = self.host_length[ids]
+            ids = ids.to(self.store_device, non_blocking=True)
+            for b in range(len(ids)):
+                yield self.gather(ids[b], lengths[b])
+
+    def gather(self, ids: torch.Tensor, lengths: torch.Tensor) -> ChunkBatch:
+        """The batch of chunks ``ids`` (on the store's device); ``lengths``: theirs, on the CPU."""
+        pos = self.first[ids, None] + self.steps_t               # [B, C] frame rows
+        valid = self.steps_t < self.length[ids, None]
+        pad = self.frames
+        targets = self.targets[torch.where(valid, pos, pad)]
+        if self.order == 0:
+            feats = self.feats[torch.where(valid, pos, pad)].to(self.device, non_blocking=True)
+            feats = feats.float()
+        else:
+            win = pos[..., None] + self.window                   # [B, C, W]
+            win = torch.minimum(torch.maximum(win, self.utt_lo[ids, None, None]),
+                                self.utt_hi[ids, None, None] - 1)
+            win = torch.where(valid[..., None], win, pad)
+            x = self.feats[win].to(self.device, non_blocking=True).float()  # [B, C, W, D]
+            b, c = ids.shape[0], pos.shape[1]
+            feats = torch.einsum("bcwd,ow->bcod", x, self.filters).reshape(b, c, -1)
+        return ChunkBatch(feats, lengths,
+                          targets.to(self.device, non_blocking=True).long())

@@ -1,0 +1,167 @@
+"""Device-resident chunk data (asrtrain.train.resident) against the streaming loader of before,
+batch for batch, on real kaldiio arks with real CMVN statistics."""
+
+import random
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import pytest
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.data.datadir import DataDir
+from asrtrain.features.transform import cmvn_stats
+from asrtrain.train.chunks import IGNORE, ChunkSet
+from asrtrain.train.resident import ResidentChunks, bytes_per_frame, place
+
+NUM_PDFS = 500
+# shorter than a chunk (5, 12), exact multiples (21, 42), a last chunk that overlaps (47, 50, 100)
+LENGTHS = [5, 21, 47, 63, 12, 100, 42, 50, 30, 77, 8, 64, 90, 23]
+
+
+def make_set(root: Path, lengths: list[int] = LENGTHS, dim: int = 6) -> tuple[Path, Path]:
+    """A data dir of random features with per-speaker offsets (3 speakers), its cmvn.scp, and
+    random alignments."""
+    rng = np.random.default_rng(0)
+    data, ali = root / "data", root / "ali"
+    data.mkdir(parents=True)
+    ali.mkdir()
+    d = DataDir()
+    mats: dict[str, list[np.ndarray]] = {}
+    with kaldiio.WriteHelper(f"ark,scp:{root}/f.ark,{root}/f.scp") as wf, \
+            kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp") as wa:
+        for i, n in enumerate(lengths):
+            spk = f"spk{i % 3}"
+            utt = f"{spk}-u{i:02d}"
+            m = (rng.normal(size=(n, dim)) * (1 + i % 3) + 5 * (i % 3)).astype(np.float32)
+            wf(utt, m)
+            mats.setdefault(spk, []).append(m)
+            wa(utt, rng.integers(0, NUM_PDFS, n).astype(np.int32))
+            d.wav[utt], d.text[utt], d.utt2spk[utt], d.utt2num_frames[utt] = "/dev/null", "x", \
+                spk, n
+    with kaldiio.WriteHelper(f"ark,scp:{root}/cmvn.ark,{root}/cmvn.scp") as wc:
+        for spk, ms in mats.items():
+            wc(spk, cmvn_stats(ms))
+    for table, name in ((d.feats, "f.scp"), (d.cmvn, "cmvn.scp")):
+        for line in (root / name).read_text().splitlines():
+            k, v = line.split(maxsplit=1)
+            table[k] = v
+    d.write(data)
+    (ali / "num_pdfs").write_text(f"{NUM_PDFS}\n")
+    return data, ali
+
+
+def reference_batches(cs: ChunkSet, seed, rank, world, batch_size, block_utts=256, steps=None):
+    """The streaming loader as it was before the resident one (commit e591ba5), kept verbatim
+    here as the order both loaders must follow."""
+    rng = random.Random(None if seed is None else seed * 7919 + rank)
+    utts = cs.shard(seed, rank, world)
+    pending = []
+    made = 0
+    for i in range(0, len(utts), block_utts):
+        for u in utts[i: i + block_utts]:
+            pending.extend(cs.cut(u))
+        if seed is not None:
+            rng.shuffle(pending)
+        while len(pending) >= batch_size:
+            yield cs.collate(pending[:batch_size])
+            pending = pending[batch_size:]
+            made += 1
+            if steps is not None and made >= steps:
+                return
+    if pending and steps is None:
+        yield cs.collate(pending)
+
+
+def assert_same_batches(want, got, atol: float, rtol: float) -> None:
+    want, got = list(want), list(got)
+    assert len(got) == len(want)
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(g.lengths, w.lengths)
+        assert torch.equal(g.targets.cpu(), w.targets)
+        assert g.feats.dtype == torch.float32 and g.feats.shape == w.feats.shape
+        torch.testing.assert_close(g.feats.cpu(), w.feats, atol=atol, rtol=rtol)
+
+
+@pytest.fixture(scope="module")
+def chunk_data(tmp_path_factory) -> tuple[Path, Path]:
+    return make_set(tmp_path_factory.mktemp("resident"))
+
+
+@pytest.mark.parametrize("delta_order, norm_vars", [(0, True), (2, True), (2, False)])
+@pytest.mark.parametrize("seed, world, batch_size, block_utts",
+                         [(1, 1, 4, 3), (2, 2, 3, 2), (7, 3, 2, 256), (13, 2, 5, 1)])
+def test_resident_equals_streaming_batch_for_batch(chunk_data, delta_order, norm_vars, seed,
+                                                    world, batch_size, block_utts) -> None:
+    cs = ChunkSet(*chunk_data, chunk=21, delta_order=delta_order, norm_vars=norm_vars)
+    resident = {torch.float32: ResidentChunks(cs, "cpu", torch.float32),
+                torch.float16: ResidentChunks(cs, "cpu", torch.float16)}
+    steps = cs.steps(seed, world, batch_size)
+    for rank in range(world):
+        args = (seed, rank, world, batch_size, block_utts, steps)
+        assert_same_batches(reference_batches(cs, *args), cs.batches(*args), 0, 0)
+        assert_same_batches(reference_batches(cs, *args), resident[torch.float32].batches(*args),
+                            atol=1e-5, rtol=1e-5)
+        # fp16 storage: the normalised frames rounded to 11 significant bits (Δ/ΔΔ sum them)
+        assert_same_batches(reference_batches(cs, *args), resident[torch.float16].batches(*args),
+                            atol=4e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_in_order_epoch_keeps_every_chunk_and_the_partial_batch(chunk_data, world) -> None:
+    cs = ChunkSet(*chunk_data, chunk=21, delta_order=2, norm_vars=True)
+    rc = ResidentChunks(cs, "cpu")
+    seen = 0
+    for rank in range(world):
+        args = (None, rank, world, 4)
+        assert_same_batches(reference_batches(cs, *args), rc.batches(*args), 1e-5, 1e-5)
+        seen += sum(b.samples for b in rc.batches(*args))
+    assert seen == len(cs)
+
+
+def test_padding_and_short_utterances(tmp_path: Path) -> None:
+    """An utterance shorter than a chunk is one chunk: zero features and IGNORE targets past it,
+    its Δ/ΔΔ clamped to its own frames (not its neighbours' in the store)."""
+    cs = ChunkSet(*make_set(tmp_path, [3, 40, 5]), chunk=21, delta_order=2)
+    rc = ResidentChunks(cs, "cpu")
+    batches = list(rc.batches(None, 0, 1, 8))
+    assert len(batches) == 1 and batches[0].lengths.tolist() == [3, 21, 21, 5]
+    b = batches[0]
+    for i, utt, start in ((0, cs.utts[0], 0), (2, cs.utts[1], 19), (3, cs.utts[2], 0)):
+        n = int(b.lengths[i])
+        want = cs.reader[utt][start: start + n]
+        torch.testing.assert_close(b.feats[i, :n], torch.from_numpy(want), atol=1e-5, rtol=1e-5)
+        assert (b.feats[i, n:] == 0).all() and (b.targets[i, n:] == IGNORE).all()
+
+
+def test_memory_per_frame_and_refusal(chunk_data) -> None:
+    cs = ChunkSet(*chunk_data, chunk=21)
+    rc = ResidentChunks(cs, "cpu", torch.float16)
+    assert rc.bytes_per_frame == bytes_per_frame(6, torch.float16, 21) == 6 * 2 + 4 + 24 / 21
+    assert rc.nbytes == int((sum(LENGTHS) + 1) * rc.bytes_per_frame)
+    assert rc.store_device == torch.device("cpu")
+    with pytest.raises(AsrtrainError, match=r"data: 0\.00 GiB of resident chunk data do not fit "
+                                            r"in 70% of the 0\.00 GiB .*trainer.chunk_data=stream"):
+        ResidentChunks(cs, "cpu", host_bytes=rc.nbytes)
+    assert place(100, torch.device("cpu"), "x", host_bytes=1000) == (torch.device("cpu"), False)
+
+
+def test_bad_data_names_file_and_utterance(tmp_path: Path) -> None:
+    data, ali = make_set(tmp_path, [30, 40])
+    utt = "spk1-u01"
+    with kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp") as wa:
+        wa("spk0-u00", np.zeros(30, dtype=np.int32))
+        wa(utt, np.zeros(39, dtype=np.int32))
+    with pytest.raises(AsrtrainError, match=f"ali.scp: utterance {utt} has 39 frames of "
+                                            "alignment for 40"):
+        ResidentChunks(ChunkSet(data, ali, chunk=21), "cpu")
+    with kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp") as wa:
+        wa("spk0-u00", np.zeros(30, dtype=np.int32))
+        wa(utt, np.full(40, NUM_PDFS, dtype=np.int32))
+    with pytest.raises(AsrtrainError, match=f"utterance {utt} has pdf ids outside"):
+        ResidentChunks(ChunkSet(data, ali, chunk=21), "cpu")
+    (data / "utt2num_frames").write_text("spk0-u00 30\nspk1-u01 41\n")
+    with pytest.raises(AsrtrainError, match=f"utt2num_frames: utterance {utt} has 41 frames, "
+                                            "its features 40"):
+        ResidentChunks(ChunkSet(data, ali, chunk=21), "cpu")
