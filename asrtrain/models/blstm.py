@@ -189,7 +189,9 @@ class BLSTM(nn.Module):
         if layout != "bidirectional":
             valid = torch.arange(frames, device=out.device) < lengths.to(out.device)[:, None]
             out = out * valid.unsqueeze(-1)
-        return self.output(self.bottleneck(out)), lengths
+        # Under autocast (trainer.precision=bf16) the layers run in bf16; the logits the loss
+        # reads are fp32, so log-softmax, CTC and cross-entropy sum in fp32 (a no-op in fp32).
+        return self.output(self.bottleneck(out)).float(), lengths
 
 
 PACKED_KEY = re.compile(r"^lstm\.(weight_ih|weight_hh|bias_ih|bias_hh)_l(\d+)(_reverse)?$")

@@ -97,7 +97,9 @@ class ModelCheckpoint:
     ``norm_vars``, ``frame_shift`` in ms: how to read features for this model).  Hybrid models
     (``head: ce``) add ``log_priors`` (log pdf priors from the training alignments, [output_dim])
     and ``chunk`` (the frames per chunk they were trained on).  ``epoch``, ``global_samples`` and
-    ``metrics`` say where training was.
+    ``metrics`` say where training was; ``precision`` how (``trainer.precision``: fp32 or bf16;
+    None in checkpoints older than the setting, which were fp32). The weights are fp32 either
+    way.
     """
 
     model: Mapping[str, torch.Tensor]
@@ -110,6 +112,7 @@ class ModelCheckpoint:
     epoch: int | None = None
     global_samples: int | None = None
     metrics: Mapping[str, float] | None = None
+    precision: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this schema does not know
 
     @property
@@ -135,7 +138,7 @@ class ModelCheckpoint:
         out = {"model": self.model, "model_config": self.model_config,
                "input_dim": self.input_dim, "output_dim": self.output_dim,
                "features": self.features}
-        for key in ("log_priors", "chunk", "epoch", "global_samples", "metrics"):
+        for key in ("log_priors", "chunk", "epoch", "global_samples", "metrics", "precision"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return {**out, **self.extra}
@@ -151,7 +154,8 @@ class ModelCheckpoint:
             names = ", ".join(map(repr, missing))
             raise AsrtrainError(f"{where}: not a model checkpoint: no {names} (it has "
                                 f"{sorted(d)})")
-        known = {*REQUIRED, "log_priors", "chunk", "epoch", "global_samples", "metrics"}
+        known = {*REQUIRED, "log_priors", "chunk", "epoch", "global_samples", "metrics",
+                 "precision"}
         try:
             ckpt = cls(d["model"], dict(d["model_config"]), int(d["input_dim"]),
                        int(d["output_dim"]), dict(d["features"]),
@@ -160,6 +164,7 @@ class ModelCheckpoint:
                        chunk=None if d.get("chunk") is None else int(d["chunk"]),
                        epoch=d.get("epoch"), global_samples=d.get("global_samples"),
                        metrics=d.get("metrics"),
+                       precision=None if d.get("precision") is None else str(d["precision"]),
                        extra={k: v for k, v in d.items() if k not in known})
         except (TypeError, ValueError) as e:
             raise AsrtrainError(f"{where}: a checkpoint key has the wrong type: {e}") from e

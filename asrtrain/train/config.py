@@ -23,6 +23,9 @@ from asrtrain import AsrtrainError
 
 Parse = Callable[[str, Any], Any]
 
+#: ``trainer.precision`` values: fp32, or bf16 autocast (see :class:`TrainerConfig`).
+PRECISIONS = ("fp32", "bf16")
+
 
 def _bad(key: str, value: Any, expected: str) -> AsrtrainError:
     return AsrtrainError(f"{key}={value!r}: expected {expected}")
@@ -153,6 +156,8 @@ class TrainerConfig:
     model), ``threads`` (torch CPU threads per learner; 0: one), ``cpu`` (train on CPU even where
     CUDA is available), ``seed`` (the initial model, the batch order, SpecAugment draws and the
     randomized gossip ring).
+    Precision: ``precision``, ``fp32`` or ``bf16`` (the forward pass and the loss's inputs
+    under autocast in bfloat16; weights, gradients, optimizer state and the loss in fp32).
     Optimisation: ``epochs``, ``optimizer`` (adam | sgd), ``lr``, ``momentum`` and ``nesterov``
     (sgd), ``weight_decay``, ``grad_clip`` (max gradient norm; 0: none), the LR schedule
     (:class:`asrtrain.train.schedule.LRSchedule`: ``warmup_epochs``, ``warmup_start``,
@@ -179,6 +184,7 @@ class TrainerConfig:
     threads: int = _opt(0, _int(0))
     cpu: bool = _opt(False, _bool)
     seed: int = _opt(1, _int())
+    precision: str = _opt("fp32", _choice(lambda: PRECISIONS))
     epochs: int = _opt(12, _int(1))
     batch_frames: int = _opt(6000, _int(1))
     max_utt_frames: int = _opt(3000, _int(1))

@@ -10,10 +10,16 @@ deletes the checkpoints ``trainer.keep_checkpoints`` no longer keeps. Learner 0 
 training curves (:mod:`asrtrain.train.curves`: TensorBoard events in the model dir, and
 ``curves.png`` at the end). The trainer's settings are read from
 :class:`asrtrain.train.config.TrainerConfig` (defaults and checks there).
+
+``trainer.precision=bf16`` runs the forward pass and the loss's inputs under autocast
+(:func:`autocast`; the model hands the loss fp32 logits), backward outside it: weights, gradients,
+the optimizer state and the loss stay fp32. The dev set is evaluated in fp32, as decoders run the
+model. The precision is logged at the start and recorded in every model checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -46,6 +52,22 @@ def build_optimizer(cfg: TrainerConfig, params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                weight_decay=cfg.weight_decay)
     raise AsrtrainError(f"trainer.optimizer={cfg.optimizer!r}: expected adam or sgd")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The context the forward pass and the loss run in: bf16 autocast on ``device``'s type
+    (cuda or cpu) for ``precision`` bf16, nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """bf16 needs a GPU that computes in it (Ampere or newer); CPUs emulate it."""
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(
+            including_emulation=False):
+        raise AsrtrainError(f"trainer.precision=bf16: {torch.cuda.get_device_name(device)} "
+                            "does not compute in bfloat16; use trainer.precision=fp32")
 
 
 def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, cfg: SpecAugment,
@@ -123,6 +145,7 @@ class _Epoch:
 def train(cfg: DictConfig, backend: Backend) -> Path:
     """Train the model of ``cfg`` with ``backend``; return the final model's path."""
     tcfg = TrainerConfig.from_config(cfg.trainer)
+    check_precision(tcfg.precision, backend.device)
     task = build_task(cfg)
     torch.manual_seed(tcfg.seed)  # the same initial model on every learner
     model = build_model(cfg.model, task.input_dim, task.output_dim).to(backend.device)
@@ -140,6 +163,9 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
                  OmegaConf.to_container(cfg.model), n_params / 1e6, task.input_dim,
                  task.output_dim)
         log.info("%s; about %d steps per epoch per learner", task.describe(), per_epoch)
+        log.info("precision %s%s", tcfg.precision,
+                 f" (autocast on {backend.device.type}; weights, gradients, optimizer state and "
+                 "loss in fp32)" if tcfg.precision == "bf16" else "")
     step = start_epoch * per_epoch
     if backend.is_main:
         run.curves = Curves(run.out_dir, step)
@@ -182,6 +208,11 @@ def _resume(run: _Run) -> tuple[int, int]:
         return 0, 0
     run.model.load_state_dict(ckpt.model)
     _load_learner_state(run, start_epoch)
+    trained_in = ckpt.precision or "fp32"  # older checkpoints: fp32, the only one then
+    if run.backend.is_main and trained_in != run.tcfg.precision:
+        log.warning("epochs up to %d were trained with trainer.precision=%s; the epochs from "
+                    "here train with trainer.precision=%s", start_epoch, trained_in,
+                    run.tcfg.precision)
     if run.backend.is_main:
         log.info("resuming after epoch %d from %s", start_epoch,
                  checkpoint.model_path(run.out_dir, start_epoch))
@@ -224,7 +255,8 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
         if tcfg.spec_augment is not None:
             batch.feats = spec_augment(batch.feats, batch.lengths, tcfg.spec_augment, run.gen)
         optimizer.zero_grad(set_to_none=False)
-        loss = run.task.loss(model, batch)
+        with autocast(backend.device, tcfg.precision):
+            loss = run.task.loss(model, batch)
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             raise AsrtrainError(
@@ -294,9 +326,10 @@ def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
                "frames_per_second_per_learner": means["frames_per_second"],
                "epoch_seconds": figures.seconds, "global_samples": backend.global_samples()}
     if backend.is_main:
-        task.model_checkpoint(run.cfg, state, epoch=epoch,
-                              global_samples=backend.global_samples(),
-                              metrics=summary).save(checkpoint.model_path(run.out_dir, epoch))
+        ckpt = task.model_checkpoint(run.cfg, state, epoch=epoch,
+                                     global_samples=backend.global_samples(), metrics=summary)
+        ckpt.precision = run.tcfg.precision
+        ckpt.save(checkpoint.model_path(run.out_dir, epoch))
         log.info("epoch %d: %s", epoch, ", ".join(
             f"{k} {v:.4g}" for k, v in summary.items() if k != "epoch"))
         _keep_checkpoints(run, epoch, summary["dev_loss"])
