@@ -40,7 +40,9 @@ class DiagGmmSet:
         self.means = means.double()
         self.vars = variances.double()
         self.log_weights = log_weights.double()
-        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._sparse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._slots: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- shapes
     @property
@@ -77,32 +79,84 @@ class DiagGmmSet:
         return cls(d["means"], d["vars"], d["log_weights"])
 
     # ---------------------------------------------------------------- likelihoods
-    def _linear(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Live components only, float32: ``[2D, G]`` weights, ``[G]`` constants, ``[G]`` pdf."""
-        if self._cache is None:
-            inv = 1.0 / self.vars
-            gconst = (self.log_weights - 0.5 * (self.dim * LOG_2PI + self.vars.log().sum(-1)
-                                                + (self.means ** 2 * inv).sum(-1)))
-            w = torch.cat([self.means * inv, -0.5 * inv], dim=-1)   # [P, M, 2D]
+    def _linear(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
+        """Live components only: ``[2D, G]`` weights, ``[G]`` constants, ``[G]`` pdf."""
+        if self._cache is None or self._cache[0].dtype != dtype:
+            w, g = self._padded_linear()
             live = torch.isfinite(self.log_weights)
             pdf = torch.arange(self.num_pdfs, device=w.device)[:, None].expand_as(live)[live]
-            self._cache = (w[live].T.float().contiguous(), gconst[live].float(), pdf)
+            self._cache = (w[live].T.to(dtype).contiguous(), g[live].to(dtype), pdf)
         return self._cache
 
-    def loglikes(self, x: torch.Tensor, block: int = 4096) -> torch.Tensor:
-        """``[N, P]`` float32 log-likelihood of every pdf for every frame (Kaldi evaluates
-        likelihoods in float too); the sum over a pdf's components is a scatter log-sum-exp."""
-        w, g, pdf = self._linear()
+    def _padded_linear(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[P, M, 2D]`` linear weights and ``[P, M]`` constants (-inf for unused components)
+        in float64: a frame's component log-likelihood is ``[x, x^2] . w + g``."""
+        inv = 1.0 / self.vars
+        gconst = (self.log_weights - 0.5 * (self.dim * LOG_2PI + self.vars.log().sum(-1)
+                                            + (self.means ** 2 * inv).sum(-1)))
+        return torch.cat([self.means * inv, -0.5 * inv], dim=-1), gconst
+
+    def _used(self) -> torch.Tensor:
+        """``[P]`` slots up to each pdf's last live component (mixing up fills slots in order,
+        so this is its number of components): slots past it are never read."""
+        if self._slots is None:
+            live = torch.isfinite(self.log_weights)
+            slot = torch.arange(1, live.shape[1] + 1, device=live.device)
+            self._slots = (live * slot).amax(-1)
+        return self._slots
+
+    def _sparse_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+        """``[P, M, 2D]`` weights, ``[P, M]`` constants in ``dtype`` and :meth:`_used`, kept
+        until the model changes."""
+        if self._sparse is None or self._sparse[0].dtype != dtype:
+            w, g = self._padded_linear()
+            self._sparse = (w.to(dtype).contiguous(), g.to(dtype).contiguous(), self._used())
+        return self._sparse
+
+    def loglikes(self, x: torch.Tensor, block: int | None = None, max_batch_mb: float = 256.0,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``[N, P]`` log-likelihood of every pdf for every frame (float32 by default: Kaldi
+        evaluates likelihoods in float too); the sum over a pdf's components is a scatter
+        log-sum-exp.  Only for decoding, where every pdf may be alive in the beam: the frames go
+        through in blocks sized so that one block's ``[frames, Gaussians]`` work tensors stay
+        within ``max_batch_mb`` whatever the model size (alignment uses :meth:`pdf_loglikes`)."""
+        w, g, pdf = self._linear(dtype)
+        if block is None:   # 4096 as before when it fits (float32 sums depend on the block)
+            block = min(4096, _frames_per_block(w.shape[1] * 3 + self.num_pdfs * 3, dtype,
+                                                max_batch_mb))
         out = []
         for i in range(0, x.shape[0], block):
-            xb = x[i:i + block].float()
+            xb = x[i:i + block].to(dtype)
             ll = torch.cat([xb, xb * xb], dim=1) @ w + g             # [n, G]
             idx = pdf[None, :].expand_as(ll)
-            m = torch.full((ll.shape[0], self.num_pdfs), -math.inf, device=ll.device)
+            m = torch.full((ll.shape[0], self.num_pdfs), -math.inf, device=ll.device,
+                           dtype=dtype)
             m = m.scatter_reduce(1, idx, ll, reduce="amax", include_self=True)
             s = torch.zeros_like(m).scatter_add_(1, idx, torch.exp(ll - m.gather(1, idx)))
             out.append(m + s.log())
-        return torch.cat(out) if out else x.new_zeros(0, self.num_pdfs)
+        return torch.cat(out) if out else x.new_zeros(0, self.num_pdfs, dtype=dtype)
+
+    def pdf_loglikes(self, x: torch.Tensor, pdfs: torch.Tensor, max_batch_mb: float = 256.0,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``[N, len(pdfs)]`` log-likelihoods of the given pdfs only (an utterance's training
+        graph holds a few hundred of the model's thousands): the components of those pdfs are
+        gathered, padded to the largest count among them, and scored in blocks of frames whose
+        ``[frames, components]`` work tensors stay within ``max_batch_mb`` -- memory depends on
+        the utterance's pdfs, not on the model's size."""
+        w_all, g_all, live = self._sparse_tables(dtype)
+        pdfs = pdfs.to(w_all.device)
+        m = max(int(live[pdfs].max()), 1) if len(pdfs) else 1
+        w = w_all[pdfs, :m].reshape(-1, w_all.shape[-1]).T.contiguous()   # [2D, P_u * m]
+        g = g_all[pdfs, :m].reshape(-1)
+        block = _frames_per_block(w.shape[1] * 3, dtype, max_batch_mb)
+        out = []
+        for i in range(0, x.shape[0], block):
+            xb = x[i:i + block].to(dtype)
+            ll = torch.addmm(g, torch.cat([xb, xb * xb], dim=1), w)       # [n, P_u * m]
+            out.append(torch.logsumexp(ll.view(ll.shape[0], len(pdfs), m), dim=-1))
+        return torch.cat(out) if out else x.new_zeros(0, len(pdfs), dtype=dtype)
 
     # ---------------------------------------------------------------- training
     def zero_stats(self) -> GmmStats:
@@ -114,15 +168,18 @@ class DiagGmmSet:
     def accumulate(self, x: torch.Tensor, pdf: torch.Tensor, stats: GmmStats) -> None:
         """Add frames ``x`` ``[N, D]`` aligned to ``pdf`` ``[N]`` (component posteriors soft)."""
         x = x.to(self.means.dtype)
-        inv = 1.0 / self.vars[pdf]                          # [N, M, D]
-        diff = x[:, None, :] - self.means[pdf]
-        ll = (self.log_weights[pdf] - 0.5 * (self.dim * LOG_2PI + self.vars[pdf].log().sum(-1)
-                                             + (diff * diff * inv).sum(-1)))   # [N, M]
+        # slots past the last live component of these pdfs would add exact zeros: left out
+        m = max(int(self._used()[pdf].max()), 1) if len(pdf) else 1
+        var = self.vars[pdf, :m]
+        inv = 1.0 / var                                     # [N, m, D]
+        diff = x[:, None, :] - self.means[pdf, :m]
+        ll = (self.log_weights[pdf, :m] - 0.5 * (self.dim * LOG_2PI + var.log().sum(-1)
+                                                 + (diff * diff * inv).sum(-1)))   # [N, m]
         tot = torch.logsumexp(ll, dim=-1)
-        post = torch.exp(ll - tot[:, None])                 # [N, M]
-        stats.occ.index_add_(0, pdf, post)
-        stats.sx.index_add_(0, pdf, post[:, :, None] * x[:, None, :])
-        stats.sxx.index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
+        post = torch.exp(ll - tot[:, None])                 # [N, m]
+        stats.occ[:, :m].index_add_(0, pdf, post)
+        stats.sx[:, :m].index_add_(0, pdf, post[:, :, None] * x[:, None, :])
+        stats.sxx[:, :m].index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
         stats.loglike += float(tot.sum())
         stats.frames += x.shape[0]
 
@@ -141,7 +198,7 @@ class DiagGmmSet:
         w = torch.where(live, occ.clamp(min=1e-5), torch.zeros_like(occ))
         new_lw = torch.where(live, (w / w.sum(-1, keepdim=True)).log(), -math.inf)
         self.log_weights = torch.where(tot > 0, new_lw, self.log_weights)
-        self._cache = None
+        self._cache = self._sparse = self._slots = None
 
     def mixup(self, target: int, occ_per_pdf: torch.Tensor, power: float = 0.2,
               perturb: float = 0.2) -> None:
@@ -179,4 +236,11 @@ class DiagGmmSet:
                 self.vars[j, slot] = self.vars[j, k]
                 self.log_weights[j, k] = half
                 self.log_weights[j, slot] = half
-        self._cache = None
+        self._cache = self._sparse = self._slots = None
+
+
+def _frames_per_block(values_per_frame: int, dtype: torch.dtype, max_mb: float) -> int:
+    """Frames per block so that ``values_per_frame`` values of ``dtype`` per frame fit in
+    ``max_mb`` megabytes (at least one frame)."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    return max(1, int(max_mb * 2 ** 20 // (max(values_per_frame, 1) * size)))

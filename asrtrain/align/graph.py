@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -80,10 +80,45 @@ class HmmGraph:
     weight: np.ndarray       # [A] float32 log weight
     start: np.ndarray        # [S] float32 log weight to begin in a state (-inf: cannot)
     final: np.ndarray        # [S] float32 log weight to end in a state (-inf: cannot)
+    # how the weights were made, so new transition probabilities need no recompile
+    # (:meth:`reweighted`): an index into :func:`transition_table` (-1: none) plus a lexicon cost
+    arc_trans: np.ndarray | None = None     # [A] int32
+    arc_cost: np.ndarray | None = None      # [A] float64 log weight
+    final_trans: np.ndarray | None = None   # [S] int32
+    final_cost: np.ndarray | None = None    # [S] float64 log weight
 
     @property
     def num_states(self) -> int:
         return len(self.pdf)
+
+    def reweighted(self, table: np.ndarray) -> HmmGraph:
+        """This graph's structure with the transition log weights of ``table`` (the same
+        arithmetic as compiling afresh, so the same weights bit for bit)."""
+        if self.arc_trans is None:
+            raise ValueError("graph compiled without its transition indices")
+        final = np.where(self.final_trans >= 0, table[self.final_trans] + self.final_cost,
+                         -np.inf).astype(np.float32)
+        return replace(self, weight=(table[self.arc_trans] + self.arc_cost).astype(np.float32),
+                       final=final)
+
+
+@dataclass
+class TransitionTable:
+    """Scaled transition log weights of all phones in one flat vector: ``offset[phone] +
+    s * (n + 1) + d`` is arc ``s -> d`` of the phone's ``[n, n + 1]`` matrix."""
+
+    table: np.ndarray
+    offset: dict[int, int]
+
+
+def transition_table(scaled: dict[int, np.ndarray]) -> TransitionTable:
+    """Flatten :func:`scale_transitions`'s matrices (phones in id order)."""
+    offset, parts, n = {}, [], 0
+    for phone in sorted(scaled):
+        offset[phone] = n
+        parts.append(scaled[phone].ravel())
+        n += scaled[phone].size
+    return TransitionTable(np.concatenate(parts) if parts else np.zeros(0), offset)
 
 
 def scale_transitions(log_trans: dict[int, np.ndarray], self_loop_scale: float = 0.1,
@@ -148,6 +183,7 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
 
     if scaled is None:
         scaled = scale_transitions(log_trans, self_loop_scale, transition_scale)
+    tt = transition_table(scaled)
 
     pdf, phones, hstate, word, first = [], [], [], [], []
     for arc_i, left, right in cd_nodes:
@@ -160,25 +196,28 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
             word.append(a.word)
     num = len(pdf)
     start = np.full(num, -np.inf, dtype=np.float32)
-    final = np.full(num, -np.inf, dtype=np.float32)
-    src, dst, wt = [], [], []
+    final_trans = np.full(num, -1, dtype=np.int32)
+    final_cost = np.zeros(num)
+    src, dst, trans, cost = [], [], [], []
     for c, (arc_i, left, right) in enumerate(cd_nodes):
         a = pg.arcs[arc_i]
         m = scaled[a.phone]
         ns = m.shape[0]
-        base = first[c]
+        base, off = first[c], tt.offset[a.phone]
         for s in range(ns):
             for d in range(ns):
                 if m[s, d] > -np.inf:
                     src.append(base + s)
                     dst.append(base + d)
-                    wt.append(m[s, d])
+                    trans.append(off + s * (ns + 1) + d)
+                    cost.append(0.0)
         if a.src == pg.start and left == 0:
             start[base] = -a.cost
-        exits = [(s, m[s, ns]) for s in range(ns) if m[s, ns] > -np.inf]
+        exits = [(s, off + s * (ns + 1) + ns) for s in range(ns) if m[s, ns] > -np.inf]
         if right == 0:
             for s, w in exits:
-                final[base + s] = w - pg.final[a.dst]
+                final_trans[base + s] = w
+                final_cost[base + s] = -pg.final[a.dst]
         else:
             for k in out_of.get(a.dst, []):
                 nxt = pg.arcs[k]
@@ -189,11 +228,16 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
                     for s, w in exits:
                         src.append(base + s)
                         dst.append(t)
-                        wt.append(w - nxt.cost)
-    return HmmGraph(np.asarray(pdf, dtype=np.int64), np.asarray(phones, dtype=np.int64),
-                    np.asarray(hstate, dtype=np.int64), np.asarray(word, dtype=np.int64),
-                    np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
-                    np.asarray(wt, dtype=np.float32), start, final)
+                        trans.append(w)
+                        cost.append(-nxt.cost)
+    trans_a = np.asarray(trans, dtype=np.int32)
+    cost_a = np.asarray(cost, dtype=np.float64)
+    empty = np.zeros(0, dtype=np.float32)
+    g = HmmGraph(np.asarray(pdf, dtype=np.int64), np.asarray(phones, dtype=np.int64),
+                 np.asarray(hstate, dtype=np.int64), np.asarray(word, dtype=np.int64),
+                 np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), empty, start,
+                 empty, trans_a, cost_a, final_trans, final_cost)
+    return g.reweighted(tt.table)
 
 
 def equal_alignment(lang: Lang, words: list[str], num_frames: int,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing as mp
 import sys
 import time
 from collections.abc import Mapping
@@ -25,9 +26,15 @@ from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
-from asrtrain.align.graph import PhoneGraph, hmm_graph, phone_graph, scale_transitions
+from asrtrain.align.graph import (
+    HmmGraph,
+    hmm_graph,
+    phone_graph,
+    scale_transitions,
+    transition_table,
+)
 from asrtrain.align.tree import Tree
-from asrtrain.align.viterbi import viterbi_batch
+from asrtrain.align.viterbi import Alignment, viterbi_states
 from asrtrain.features.reader import FeatureReader
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
 from asrtrain.lang.lexicon import Lang
@@ -186,57 +193,163 @@ class AlignResult:
     seconds: float
 
 
-def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
-          graphs: dict[str, PhoneGraph] | None = None, desc: str = "align") -> AlignResult:
-    """Viterbi-align ``utts`` through their training graphs, batched (``batch_frames`` frames of
-    speech per batch, utterances sorted by length); ``desc`` names the progress bar."""
-    t0 = time.time()
+class GraphCache:
+    """Training graphs compiled once per utterance and reused by every alignment of a pass (as
+    Kaldi's ``fsts.*.gz``): the structure depends on the lexicon, the transcript and the tree
+    only; transition log weights are applied at alignment time (:meth:`HmmGraph.reweighted`),
+    so re-estimated transitions need no recompile.  A different tree empties the cache."""
+
+    def __init__(self) -> None:
+        self.tree: Tree | None = None
+        self.graphs: dict[str, HmmGraph] = {}
+        self.compiled = 0     # graphs compiled (not found here), for the log and the tests
+
+    def for_tree(self, tree: Tree) -> GraphCache:
+        if self.tree is not tree:
+            self.tree, self.graphs = tree, {}
+        return self
+
+    def get(self, lang: Lang, u: Utterance, scaled: dict[int, np.ndarray]) -> HmmGraph:
+        g = self.graphs.get(u.utt)
+        if g is None:
+            # the scaled matrices have the shapes of the log transitions: the structure is
+            # the same whatever the probabilities
+            g = hmm_graph(lang, phone_graph(lang, u.words), self.tree.pdf, scaled,
+                          scaled=scaled)
+            self.graphs[u.utt] = g
+            self.compiled += 1
+        return g
+
+
+@dataclass
+class _ShardResult:
+    """What aligning a shard of utterances gives back (graphs: the ones it had to compile)."""
+
+    phone_state: dict[str, np.ndarray]
+    pdf: dict[str, np.ndarray]
+    words: dict[str, np.ndarray]
+    failed: dict[str, str]
+    acoustic: dict[str, float]
+    graphs: dict[str, HmmGraph]
+
+
+def align_graphs(gmm: DiagGmmSet, graphs: list[HmmGraph], feats: list[torch.Tensor],
+                 acoustic_scale: float, device: torch.device,
+                 max_batch_mb: float = 256.0) -> list[Alignment]:
+    """Viterbi-align one batch: each utterance's likelihoods for the pdfs of its own graph only
+    (:meth:`DiagGmmSet.pdf_loglikes`), gathered to its states, then one batched search."""
+    states = []
+    for g, x in zip(graphs, feats, strict=True):
+        uniq, inv = np.unique(g.pdf, return_inverse=True)
+        ll = gmm.pdf_loglikes(x.to(device), torch.from_numpy(uniq).to(device), max_batch_mb)
+        states.append(ll[:, torch.from_numpy(inv.reshape(-1)).to(device)])
+    return viterbi_states(graphs, states, acoustic_scale, device)
+
+
+def _align_shard(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
+                 cache: GraphCache, bar: tqdm | None = None) -> _ShardResult:
+    """Align ``utts`` in batches of about ``batch_frames`` frames, shortest first."""
     device = torch.device(cfg.get("device", "cpu"))
     gmm = model.gmm.to(device)
-    ps_out, pdf_out, word_out, failed = {}, {}, {}, {}
-    total_ac, frames = 0.0, 0
-    order = sorted(utts, key=lambda u: len(u.feats))
-    batch: list[Utterance] = []
     scaled = scale_transitions(model.log_trans, cfg.get("self_loop_scale", 0.1),
                                cfg.get("transition_scale", 1.0))
+    table = transition_table(scaled).table
+    known = set(cache.graphs)
+    out = _ShardResult({}, {}, {}, {}, {}, {})
 
     def run(batch: list[Utterance]) -> None:
-        nonlocal total_ac, frames
-        hgs = []
-        for u in batch:
-            pg = graphs.get(u.utt) if graphs is not None else None
-            if pg is None:
-                pg = phone_graph(lang, u.words)
-                if graphs is not None:
-                    graphs[u.utt] = pg
-            hgs.append(hmm_graph(lang, pg, model.tree.pdf, model.log_trans, scaled=scaled))
-        lls = [gmm.loglikes(torch.from_numpy(u.feats).to(device)) for u in batch]
-        for u, g, a in zip(batch, hgs, viterbi_batch(hgs, lls, cfg.get("acoustic_scale", 0.1),
-                                                     device), strict=True):
+        hgs = [cache.get(lang, u, scaled).reweighted(table) for u in batch]
+        feats = [torch.from_numpy(u.feats) for u in batch]
+        found = align_graphs(gmm, hgs, feats, cfg.get("acoustic_scale", 0.1), device,
+                             cfg.get("max_batch_mb", 256.0))
+        for u, g, a in zip(batch, hgs, found, strict=True):
             if a.states is None:
-                failed[u.utt] = f"no path through the graph ({len(u.feats)} frames)"
+                out.failed[u.utt] = f"no path through the graph ({len(u.feats)} frames)"
                 continue
-            ps_out[u.utt] = (g.phone[a.states] * STATE_BITS + g.hmm_state[a.states]).astype(
-                np.int32)
-            pdf_out[u.utt] = g.pdf[a.states].astype(np.int32)
-            word_out[u.utt] = g.word[a.states].astype(np.int32)
-            total_ac += a.acoustic
-            frames += len(u.feats)
+            out.phone_state[u.utt] = (g.phone[a.states] * STATE_BITS
+                                      + g.hmm_state[a.states]).astype(np.int32)
+            out.pdf[u.utt] = g.pdf[a.states].astype(np.int32)
+            out.words[u.utt] = g.word[a.states].astype(np.int32)
+            out.acoustic[u.utt] = a.acoustic
+        if bar is not None:
+            bar.update(len(batch))
 
     budget = int(cfg.get("batch_frames", 20000))
-    with tqdm(total=len(order), desc=desc, unit="utt", file=sys.stderr, disable=None,
-              leave=False) as bar:
-        for u in order:
-            if batch and sum(len(b.feats) for b in batch) + len(u.feats) > budget:
-                run(batch)
-                bar.update(len(batch))
-                batch = []
-            batch.append(u)
-        if batch:
+    batch: list[Utterance] = []
+    for u in sorted(utts, key=lambda u: (len(u.feats), u.utt)):
+        if batch and sum(len(b.feats) for b in batch) + len(u.feats) > budget:
             run(batch)
-            bar.update(len(batch))
-    return AlignResult(ps_out, pdf_out, word_out, failed, total_ac / max(frames, 1), frames,
-                       time.time() - t0)
+            batch = []
+        batch.append(u)
+    if batch:
+        run(batch)
+    out.graphs = {k: g for k, g in cache.graphs.items() if k not in known}
+    return out
+
+
+_SHARED: dict = {}   # what forked alignment jobs read (set by the parent just before the fork)
+
+
+def _shard_job(index: int) -> _ShardResult:
+    """One job of :func:`_align_parallel`: its shard, one thread (the jobs fill the cores)."""
+    torch.set_num_threads(1)
+    s = _SHARED
+    return _align_shard(s["model"], s["lang"], s["shards"][index], s["cfg"], s["cache"])
+
+
+def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
+                    cache: GraphCache, nj: int, bar: tqdm) -> list[_ShardResult]:
+    """``nj`` forked processes over shards of the utterances (every nj-th by length, so the
+    shards are alike); they inherit the model, the features and the compiled graphs without
+    copying, and return the alignments and the graphs they compiled (kept for the next call).
+    Each job's memory is one batch (``batch_frames``, ``max_batch_mb``) plus its graphs."""
+    order = sorted(utts, key=lambda u: (len(u.feats), u.utt))
+    num_shards = min(len(order), nj * 4)
+    _SHARED.update(model=model, lang=lang, cfg=cfg, cache=cache,
+                   shards=[order[i::num_shards] for i in range(num_shards)])
+    parts = []
+    try:
+        with mp.get_context("fork").Pool(nj) as pool:
+            for part in pool.imap_unordered(_shard_job, range(num_shards)):
+                cache.graphs.update(part.graphs)
+                cache.compiled += len(part.graphs)
+                parts.append(part)
+                bar.update(len(part.acoustic) + len(part.failed))
+    finally:
+        _SHARED.clear()
+    return parts
+
+
+def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
+          graphs: GraphCache | None = None, desc: str = "align") -> AlignResult:
+    """Viterbi-align ``utts`` through their training graphs (compiled once into ``graphs``, see
+    :class:`GraphCache`), batched (``batch_frames`` frames of speech per batch, utterances sorted
+    by length), in ``nj`` parallel jobs on the CPU (one process on a GPU); the same alignments
+    whatever ``nj``.  ``desc`` names the progress bar."""
+    t0 = time.time()
+    cache = (graphs if graphs is not None else GraphCache()).for_tree(model.tree)
+    nj = min(int(cfg.get("nj", 1)), len(utts))
+    if torch.device(cfg.get("device", "cpu")).type != "cpu":
+        nj = 1
+    with tqdm(total=len(utts), desc=desc, unit="utt", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        if nj > 1:
+            parts = _align_parallel(model, lang, utts, cfg, cache, nj, bar)
+        else:
+            parts = [_align_shard(model, lang, utts, cfg, cache, bar)]
+    res = AlignResult({}, {}, {}, {}, 0.0, 0, 0.0)
+    acoustic: dict[str, float] = {}
+    for part in parts:
+        res.phone_state.update(part.phone_state)
+        res.pdf.update(part.pdf)
+        res.words.update(part.words)
+        res.failed.update(part.failed)
+        acoustic.update(part.acoustic)
+    res.frames = sum(len(res.pdf[k]) for k in res.pdf)
+    total = sum(acoustic[k] for k in sorted(acoustic))   # one order whatever the shards
+    res.loglike_per_frame = total / max(res.frames, 1)
+    res.seconds = time.time() - t0
+    return res
 
 
 def check_failures(res: AlignResult, num_utts: int, max_fail_fraction: float,

@@ -33,6 +33,7 @@ from asrtrain.align.model import (
     STATE_BITS,
     AcousticModel,
     AlignResult,
+    GraphCache,
     Utterance,
     align,
     check_failures,
@@ -75,7 +76,9 @@ class GmmConfig:
     num_utts: int = 0                    # train on the shortest N utterances (0: all), as
     #                                      Kaldi's mono on subset_data_dir.sh --shortest
     batch_frames: int = 20000
-    device: str = "cpu"
+    max_batch_mb: float = 256.0          # likelihood work tensors of one block of frames
+    device: str = "cpu"                  # cpu | cuda[:N]: where likelihoods and Viterbi run
+    nj: int = 1                          # parallel alignment jobs on the CPU (the pipeline's nj)
 
     @classmethod
     def from_config(cls, cfg: Mapping | None, **defaults) -> GmmConfig:
@@ -146,7 +149,7 @@ def _accumulate(model: AcousticModel, utts: list[Utterance], phone_state: dict[s
 
 def _train_iters(model: AcousticModel, lang: Lang, utts: list[Utterance],
                  phone_state: dict[str, np.ndarray], cfg: GmmConfig, target_gauss: int,
-                 plog: _PassLog, graphs: dict) -> AlignResult:
+                 plog: _PassLog, graphs: GraphCache) -> AlignResult:
     """The shared loop: realign (when scheduled), accumulate, update, mix up; a final alignment
     with the last model is returned. A progress bar counts the iterations (the log has a line for
     each)."""
@@ -228,7 +231,7 @@ def train_mono(data_dir: Path, lang_dir: Path, out_dir: Path,
     plog.record(0, None, stats.loglike / max(stats.frames, 1), stats.frames, time.time() - t0,
                 model.gmm.num_gauss())
 
-    res = _train_iters(model, lang, utts, phone_state, c, c.totgauss, plog, {})
+    res = _train_iters(model, lang, utts, phone_state, c, c.totgauss, plog, GraphCache())
     summary = {"kind": "mono", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
                "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
                "final_loglike_per_frame": res.loglike_per_frame}
@@ -291,7 +294,7 @@ def train_tri(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
     model = AcousticModel(tree, gmm, log_trans, c.delta_order, var_floor)
     plog(f"tree built and model initialized in {time.time() - t0:.1f} s")
     res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
-                       c, c.num_gauss, plog, {})
+                       c, c.num_gauss, plog, GraphCache())
     summary = {"kind": "tri", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
                "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
                "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum}

@@ -29,10 +29,21 @@ def viterbi_batch(graphs: list[HmmGraph], loglikes: list[torch.Tensor],
                   acoustic_scale: float = 0.1,
                   device: torch.device | str = "cpu") -> list[Alignment]:
     """Align each utterance (``loglikes[u]``: ``[T_u, num_pdfs]``) through ``graphs[u]``."""
+    states = [ll[:, torch.from_numpy(g.pdf).to(ll.device)]
+              for g, ll in zip(graphs, loglikes, strict=True)]
+    return viterbi_states(graphs, states, acoustic_scale, device)
+
+
+def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
+                   acoustic_scale: float = 0.1,
+                   device: torch.device | str = "cpu") -> list[Alignment]:
+    """Align each utterance through ``graphs[u]`` given ``acoustics_of[u]``, ``[T_u, S_u]``: the
+    log-likelihood of each graph state's pdf at each frame (made from the pdfs the graph uses
+    only, see :meth:`DiagGmmSet.pdf_loglikes`)."""
     # One function on purpose (over 80 lines): the batched tensors built at the top are used by
     # the forward pass and the backtrace below; split, they would travel as a dozen arguments.
     device = torch.device(device)
-    lengths = [int(ll.shape[0]) for ll in loglikes]
+    lengths = [int(ll.shape[0]) for ll in acoustics_of]
     offsets = np.cumsum([0] + [g.num_states for g in graphs])
     total = int(offsets[-1])
     t_max = max(lengths)
@@ -51,9 +62,8 @@ def viterbi_batch(graphs: list[HmmGraph], loglikes: list[torch.Tensor],
     len_of_state = torch.tensor(lengths, device=device)[utt_of_state]
     # acoustic score of every state at every frame (frames past an utterance's end stay 0)
     acoustics = torch.zeros(t_max, total, device=device)
-    for i, (g, ll) in enumerate(zip(graphs, loglikes, strict=True)):
-        pdf = torch.from_numpy(g.pdf).to(device)
-        acoustics[:lengths[i], offsets[i]:offsets[i + 1]] = ll.to(device).float()[:, pdf]
+    for i, ll in enumerate(acoustics_of):
+        acoustics[:lengths[i], offsets[i]:offsets[i + 1]] = ll.to(device).float()
     # incoming arcs of every state padded to the largest in-degree: one gather, one max per frame
     # (the max returns the back-pointer too); padding arcs come from a dummy -inf state
     order = torch.argsort(dst, stable=True)

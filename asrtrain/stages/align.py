@@ -54,6 +54,7 @@ def _train_pass(ctx: StageContext, name: str, opts: DictConfig) -> None:
     cfg, paths = ctx.cfg, ctx.paths
     out = paths.align_pass(name)
     gmm = {k: v for k, v in OmegaConf.to_container(opts, resolve=True).items() if k != "from"}
+    gmm.setdefault("nj", int(cfg.get("nj", 1)))   # same alignments whatever nj: not in the key
     if opts["from"] is None:
         summary = train_mono(paths.mfcc_set(cfg.sets.train), paths.lang, out, gmm)
     else:
@@ -149,9 +150,10 @@ def _run_passes(ctx: StageContext) -> None:
                   f"{name} decoding", lambda name=name: _decode_pass(ctx, name))
     last = list(passes)[-1]
     dev = Path(final_alignments(cfg, paths)["dev"])
+    where = {"nj": int(cfg.get("nj", 1)), "device": passes[last].get("device", "cpu")}
     _step(ctx, dev / ".done", ctx.step_key("align dev", chain), dev.name,
           lambda: align_data(paths.mfcc_set(cfg.sets.dev), paths.lang, paths.align_pass(last),
-                             dev, {}))
+                             dev, where))
 
 
 def check(cfg: DictConfig) -> None:

@@ -1,0 +1,176 @@
+"""Timing of one GMM alignment iteration at Switchboard model sizes, for ``bench/scale.py``.
+
+:func:`time_align_iteration` builds a random GMM with the shape of a big system (Kaldi s5c tri4:
+11.5k pdfs, 200k Gaussians; IBM's: 32k pdfs), random feature frames and random but realistic
+training graphs (left-to-right 3-state phones of ``frames_per_phone`` frames on average, words of
+three phones with an optional 3-state silence after each; a few hundred distinct pdfs per
+utterance), then times the three parts of an iteration with the toolkit's own functions:
+likelihoods (only the pdfs of each utterance's graph, :meth:`DiagGmmSet.pdf_loglikes`; or every
+pdf with ``dense=True``, the code before issue 12), batched Viterbi, and the accumulation of the
+statistics.  Figures are per core: the process runs one torch thread and its CPU time is counted
+(the wall time too, which another load on the machine inflates).
+
+    python -m asrtrain.align.bench --gaussians 200000 --pdfs 11500 --frames 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import time
+
+import numpy as np
+import torch
+
+from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.graph import HmmGraph
+from asrtrain.align.viterbi import viterbi_batch
+
+SIL_PDFS = 5   # the first pdfs are silence's (shared by every utterance, as in a real tree)
+
+
+def random_gmm(num_pdfs: int, gaussians: int, dim: int, rng: np.random.Generator) -> DiagGmmSet:
+    """Components per pdf as Kaldi's mixing up gives them (``occupancy ** 0.2`` shares, the
+    occupancies log-normal), random means, variances and weights."""
+    occ = rng.lognormal(0.0, 1.5, num_pdfs)
+    share = occ ** 0.2
+    count = np.maximum(1, np.round(share / share.sum() * gaussians)).astype(np.int64)
+    m = int(count.max())
+    live = np.arange(m)[None, :] < count[:, None]
+    logw = np.where(live, rng.normal(0.0, 0.5, (num_pdfs, m)), -np.inf)
+    logw = logw - np.log(np.exp(logw).sum(1, keepdims=True))
+    means = rng.normal(0.0, 1.0, (num_pdfs, m, dim))
+    variances = rng.uniform(0.3, 2.0, (num_pdfs, m, dim))
+    return DiagGmmSet(torch.from_numpy(means), torch.from_numpy(variances),
+                      torch.from_numpy(logw))
+
+
+def random_graph(num_frames: int, num_pdfs: int, frames_per_phone: float,
+                 rng: np.random.Generator) -> HmmGraph:
+    """A training graph for ``num_frames`` frames: words of 3 phones of 3 states (pdfs drawn
+    from the non-silence ones), an optional 3-state silence before each word and at the end."""
+    phones = max(3, int(num_frames / frames_per_phone) // 3 * 3)
+    units, sil_after = [], []          # (first state) per unit; a unit = one 3-state phone
+    pdf: list[int] = []
+    for k in range(phones):
+        units.append(len(pdf))
+        pdf.extend(rng.integers(SIL_PDFS, num_pdfs, 3).tolist())
+        if k % 3 == 2:                  # end of a word: an optional silence follows
+            sil_after.append(len(pdf))
+            pdf.extend(rng.integers(0, SIL_PDFS, 3).tolist())
+    loop, fwd = math.log(0.5) * 0.1, math.log(0.5) * 0.1
+    src, dst, wt = [], [], []
+
+    def arc(a: int, b: int, w: float) -> None:
+        src.append(a)
+        dst.append(b)
+        wt.append(w)
+
+    for s in range(len(pdf)):
+        arc(s, s, loop)
+        if s % 3 != 2 or s + 1 >= len(pdf):
+            if s % 3 != 2:
+                arc(s, s + 1, fwd)
+            continue
+        arc(s, s + 1, fwd)                       # into the next unit (a silence or a word)
+        if s + 1 in sil_after and s + 4 < len(pdf):
+            arc(s, s + 4, fwd + math.log(0.5))   # skip the optional silence
+    final = np.full(len(pdf), -np.inf, dtype=np.float32)
+    final[len(pdf) - 1] = 0.0
+    last_word_end = sil_after[-1] - 1
+    final[last_word_end] = math.log(0.5)
+    start = np.full(len(pdf), -np.inf, dtype=np.float32)
+    start[0] = 0.0
+    n = len(pdf)
+    return HmmGraph(np.asarray(pdf, dtype=np.int64), np.zeros(n, np.int64),
+                    np.arange(n, dtype=np.int64) % 3, np.zeros(n, np.int64),
+                    np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                    np.asarray(wt, dtype=np.float32), start, final)
+
+
+def _state_loglikes(gmm: DiagGmmSet, g: HmmGraph, x: torch.Tensor, dense: bool,
+                    max_batch_mb: float) -> torch.Tensor:
+    if dense:
+        return gmm.loglikes(x)[:, torch.from_numpy(g.pdf)]
+    uniq, inv = np.unique(g.pdf, return_inverse=True)
+    ll = gmm.pdf_loglikes(x, torch.from_numpy(uniq), max_batch_mb)
+    return ll[:, torch.from_numpy(inv.reshape(-1))]
+
+
+def time_align_iteration(num_pdfs: int = 11500, gaussians: int = 200000, dim: int = 39,
+                         frames: int = 20000, utt_frames: int = 400,
+                         frames_per_phone: float = 8.0, batch_frames: int = 20000,
+                         dense: bool = False, max_batch_mb: float = 256.0,
+                         device: str = "cpu", seed: int = 0) -> dict:
+    """Time one alignment iteration (likelihoods + Viterbi + accumulation) over ``frames``
+    random frames in utterances of ``utt_frames``; returns frames/s per core (CPU time) and of
+    the wall clock, the seconds of each part, the distinct pdfs per utterance and the peak RSS.
+    ``dense=True`` scores every pdf (what alignment did before issue 12)."""
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(seed)
+    dev = torch.device(device)
+    gmm = random_gmm(num_pdfs, gaussians, dim, rng).to(dev)
+    n_utt = max(1, frames // utt_frames)
+    graphs = [random_graph(utt_frames, num_pdfs, frames_per_phone, rng) for _ in range(n_utt)]
+    feats = [torch.from_numpy(rng.normal(0.0, 1.0, (utt_frames, dim))).to(dev)
+             for _ in range(n_utt)]
+    parts = {"likelihoods": 0.0, "viterbi": 0.0, "accumulate": 0.0}
+    cpu0, wall0 = time.process_time(), time.time()
+    stats = gmm.zero_stats()
+    per_batch = max(1, batch_frames // utt_frames)
+    failed = 0
+    for i in range(0, n_utt, per_batch):
+        gs, xs = graphs[i:i + per_batch], feats[i:i + per_batch]
+        t = time.process_time()
+        lls = [_state_loglikes(gmm, g, x, dense, max_batch_mb) for g, x in zip(gs, xs, strict=True)]
+        parts["likelihoods"] += time.process_time() - t
+        t = time.process_time()
+        # the states' log-likelihoods as a [T, S] matrix of "pdfs" 0..S-1, so one call works
+        # with the Viterbi of before issue 12 (viterbi_batch) and of after
+        ident = [HmmGraph(np.arange(g.num_states), g.phone, g.hmm_state, g.word, g.src, g.dst,
+                          g.weight, g.start, g.final) for g in gs]
+        found = viterbi_batch(ident, lls, 0.1, dev)
+        parts["viterbi"] += time.process_time() - t
+        t = time.process_time()
+        for g, x, a in zip(gs, xs, found, strict=True):
+            if a.states is None:
+                failed += 1
+                continue
+            gmm.accumulate(x, torch.from_numpy(g.pdf[a.states]).to(dev), stats)
+        parts["accumulate"] += time.process_time() - t
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    cpu, wall = time.process_time() - cpu0, time.time() - wall0
+    total = n_utt * utt_frames
+    distinct = float(np.mean([len(np.unique(g.pdf)) for g in graphs]))
+    used = torch.isfinite(gmm.log_weights).sum(-1).cpu().numpy()
+    evals = float(np.mean([used[np.unique(g.pdf)].sum() for g in graphs]))
+    return {"gaussians": gmm.num_gauss(), "num_pdfs": num_pdfs, "dim": dim, "frames": total,
+            "utterances": n_utt, "failed": failed, "dense": dense, "device": device,
+            "frames_per_s_per_core": round(total / max(cpu, 1e-9), 1),
+            "frames_per_s_wall": round(total / max(wall, 1e-9), 1),
+            "seconds": {k: round(v, 3) for k, v in parts.items()},
+            "distinct_pdfs_per_utt": round(distinct, 1),
+            "gaussians_scored_per_frame": round(float(gmm.num_gauss()) if dense else evals, 1),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pdfs", type=int, default=11500)
+    ap.add_argument("--gaussians", type=int, default=200000)
+    ap.add_argument("--dim", type=int, default=39)
+    ap.add_argument("--frames", type=int, default=20000)
+    ap.add_argument("--utt-frames", type=int, default=400)
+    ap.add_argument("--frames-per-phone", type=float, default=8.0)
+    ap.add_argument("--dense", action="store_true", help="score every pdf (before issue 12)")
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    print(json.dumps(time_align_iteration(a.pdfs, a.gaussians, a.dim, a.frames, a.utt_frames,
+                                          a.frames_per_phone, dense=a.dense, device=a.device)))
+
+
+if __name__ == "__main__":
+    main()
