@@ -20,11 +20,12 @@ NUM_PDFS = 500
 LENGTHS = [5, 21, 47, 63, 12, 100, 42, 50, 30, 77, 8, 64, 90, 23]
 
 
-def make_set(root: Path, lengths: list[int] = LENGTHS, dim: int = 6) -> tuple[Path, Path]:
-    """A data dir of random features with per-speaker offsets (3 speakers), its cmvn.scp, and
-    random alignments."""
+def make_set(root: Path, lengths: list[int] = LENGTHS, dim: int = 6,
+             data_dir: str = "data") -> tuple[Path, Path]:
+    """A data dir (``root/data_dir``) of random features with per-speaker offsets (3 speakers),
+    its cmvn.scp, and random alignments (``root/ali``)."""
     rng = np.random.default_rng(0)
-    data, ali = root / "data", root / "ali"
+    data, ali = root / data_dir, root / "ali"
     data.mkdir(parents=True)
     ali.mkdir()
     d = DataDir()
@@ -165,3 +166,35 @@ def test_bad_data_names_file_and_utterance(tmp_path: Path) -> None:
     with pytest.raises(AsrtrainError, match=f"utt2num_frames: utterance {utt} has 41 frames, "
                                             "its features 40"):
         ResidentChunks(ChunkSet(data, ali, chunk=21), "cpu")
+
+
+def test_hybrid_task_trains_on_resident_data_as_on_streamed(tmp_path: Path) -> None:
+    """FrameCETask (the trainer's hybrid task) serves the same epochs and dev figures with
+    trainer.chunk_data=resident (the default) as with stream."""
+    from omegaconf import OmegaConf
+
+    from asrtrain.models import build_model
+    from asrtrain.train.tasks import FrameCETask
+
+    _, ali = make_set(tmp_path / "exp", data_dir="data/train")
+    tasks = {}
+    for mode in ("resident", "stream"):
+        cfg = OmegaConf.create({
+            "exp_dir": str(tmp_path / "exp"), "features": {"delta_order": 2, "norm_vars": True},
+            "trainer": {"chunk": 21, "batch_chunks": 3, "block_utts": 4, "seed": 5, "cpu": True,
+                        **({"chunk_data": mode} if mode == "stream" else {})},
+            "model": {"head": "ce", "alignments": {"train": str(ali), "dev": str(ali)},
+                      "name": "b", "layers": 1, "cells": 8, "bottleneck": 4},
+            "sets": {"train": "train", "dev": "train"}})
+        tasks[mode] = FrameCETask(cfg)
+    assert tasks["resident"].chunk_data == "resident"
+    for world in (1, 2):
+        for rank in range(world):
+            assert_same_batches(tasks["stream"].epoch(2, rank, world),
+                                tasks["resident"].epoch(2, rank, world), 1e-5, 1e-5)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tasks["stream"].input_dim, tasks["stream"].output_dim)
+    sums = {m: t.evaluate(model, 0, 1) for m, t in tasks.items()}
+    chunk_frames = int(tasks["stream"].dev_set.chunk_table()[2].sum())  # overlaps counted
+    assert sums["resident"]["count"] == sums["stream"]["count"] == chunk_frames
+    assert sums["resident"]["loss"] == pytest.approx(sums["stream"]["loss"], rel=1e-5)

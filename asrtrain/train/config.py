@@ -167,7 +167,10 @@ class TrainerConfig:
     besides; 0: every epoch).
     Data: CTC batches of ``batch_frames`` padded frames per learner, utterances of at most
     ``max_utt_frames``; frame CE (hybrid) batches of ``batch_chunks`` chunks of ``chunk`` frames,
-    shuffled in blocks of ``block_utts`` utterances.
+    shuffled in blocks of ``block_utts`` utterances; ``chunk_data``: ``resident`` (each learner
+    holds the features once, fp16 on its GPU where they fit, and gathers batches:
+    :mod:`asrtrain.train.resident`) or ``stream`` (read from the arks every epoch, for sets too
+    big for memory); both give the same batches.
     """
 
     backend: str = _opt("ssgd", _choice(_backends))
@@ -204,6 +207,7 @@ class TrainerConfig:
     chunk: int = _opt(21, _int(1))
     batch_chunks: int = _opt(128, _int(1))
     block_utts: int = _opt(256, _int(1))
+    chunk_data: str = _opt("resident", _choice(lambda: ("resident", "stream")))
 
     @classmethod
     def from_config(cls, cfg: Mapping | TrainerConfig | None) -> TrainerConfig:

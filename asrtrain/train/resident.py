@@ -5,9 +5,10 @@ collates chunk by chunk on the host: 0.7M frames per CPU-second (0.33M with Δ/�
 GPU that trains at 600k frames/s. Here the features are read once into one tensor of frames
 (CMVN applied, stored as fp16 on the GPU when they fit, else in pinned host memory; on the CPU in
 plain host memory), the alignments into one vector of pdf ids, and a batch is one gather: chunk
-numbers → frame indices → rows. Δ/ΔΔ are computed in the gather from the stored frames (a
-weighted sum of the ±2·order neighbours, indices clamped to the utterance as Kaldi's
-``add-deltas`` does), so the store holds the raw dimensions only.
+numbers → frame indices → rows. Δ/ΔΔ are computed in the gather from the stored frames (each
+chunk is gathered with ``2·order`` frames either side, indices clamped to its utterance as Kaldi's
+``add-deltas`` clamps them, and the filters are sums of shifted slices), so the store holds the
+raw dimensions only.
 
 The order of chunks is :meth:`ChunkSet.plan`'s, shared with the streaming loader, so both give
 the same batches for the same seed (to fp16 rounding where fp16 is stored).
@@ -126,9 +127,9 @@ class ResidentChunks:
         self.length = torch.from_numpy(length).to(on)
         self.host_length = torch.from_numpy(length)
         self.steps_t = torch.arange(chunks.chunk, device=on)
-        self.window = torch.arange(-self.order * DELTA_WINDOW, self.order * DELTA_WINDOW + 1,
-                                   device=on)
-        self.filters = self._delta_filters().to(self.device)
+        r = self.order * DELTA_WINDOW
+        self.span_t = torch.arange(-r, chunks.chunk + r, device=on)
+        self.taps = self._delta_taps()
         log.info("%s: %d frames resident on %s%s as %s, %.1f bytes per frame: %.1f MiB",
                  chunks.data_dir, self.frames, self.store_device, " (pinned)" if pinned else "",
                  str(self.dtype).replace("torch.", ""), self.bytes_per_frame,
@@ -217,15 +218,12 @@ class ResidentChunks:
                                        torch.tensor([len(m) for m in mats], device=self.device))
         return (x - shift[rows]) * scale[rows]
 
-    def _delta_filters(self) -> torch.Tensor:
-        """[order + 1, window] weights of the static features, Δ and ΔΔ over the frames
-        ``-order·2 … +order·2`` (Kaldi's DeltaFeatures filters, centred)."""
-        width = 2 * self.order * DELTA_WINDOW + 1
-        out = torch.zeros(self.order + 1, width, dtype=torch.float32)
-        for o, s in enumerate(_delta_scales(self.order, DELTA_WINDOW)):
-            pad = (width - len(s)) // 2
-            out[o, pad: pad + len(s)] = torch.from_numpy(s)
-        return out
+    def _delta_taps(self) -> list[list[tuple[int, float]]]:
+        """Per order (static, Δ, ΔΔ), its nonzero weights over the frames ``-R … +R`` around a
+        frame (``R = order · 2``) as (offset + R, weight): Kaldi's DeltaFeatures filters."""
+        r = self.order * DELTA_WINDOW
+        return [[(j - (len(s) - 1) // 2 + r, float(w)) for j, w in enumerate(s) if w != 0.0]
+                for s in _delta_scales(self.order, DELTA_WINDOW)]
 
     # ------------------------------------------------------------------ batches
     def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
@@ -242,21 +240,35 @@ class ResidentChunks:
                 yield self.gather(ids[b], lengths[b])
 
     def gather(self, ids: torch.Tensor, lengths: torch.Tensor) -> ChunkBatch:
-        """The batch of chunks ``ids`` (on the store's device); ``lengths``: theirs, on the CPU."""
+        """The batch of chunks ``ids`` (on the store's device); ``lengths``: theirs, on the CPU,
+        which also tell without waiting for the device whether any chunk is short."""
+        short = bool((lengths < self.chunks.chunk).any())
         pos = self.first[ids, None] + self.steps_t               # [B, C] frame rows
-        valid = self.steps_t < self.length[ids, None]
-        pad = self.frames
-        targets = self.targets[torch.where(valid, pos, pad)]
+        if short:  # past a short utterance's end: the padding frame
+            pos = torch.where(self.steps_t < self.length[ids, None], pos, self.frames)
+        targets = self.targets[pos].to(self.device, non_blocking=True).long()
         if self.order == 0:
-            feats = self.feats[torch.where(valid, pos, pad)].to(self.device, non_blocking=True)
-            feats = feats.float()
-        else:
-            win = pos[..., None] + self.window                   # [B, C, W]
-            win = torch.minimum(torch.maximum(win, self.utt_lo[ids, None, None]),
-                                self.utt_hi[ids, None, None] - 1)
-            win = torch.where(valid[..., None], win, pad)
-            x = self.feats[win].to(self.device, non_blocking=True).float()  # [B, C, W, D]
-            b, c = ids.shape[0], pos.shape[1]
-            feats = torch.einsum("bcwd,ow->bcod", x, self.filters).reshape(b, c, -1)
-        return ChunkBatch(feats, lengths,
-                          targets.to(self.device, non_blocking=True).long())
+            feats = self.feats[pos].to(self.device, non_blocking=True).float()
+            return ChunkBatch(feats, lengths, targets)
+        span = self.first[ids, None] + self.span_t               # [B, C + 2R]: the chunk ± R
+        span = torch.minimum(torch.maximum(span, self.utt_lo[ids, None]),
+                             self.utt_hi[ids, None] - 1)
+        feats = self._add_deltas(self.feats[span].to(self.device, non_blocking=True).float())
+        if short:
+            feats.masked_fill_((targets == IGNORE)[..., None], 0.0)
+        return ChunkBatch(feats, lengths, targets)
+
+    def _add_deltas(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, (order + 1) · D] static features, Δ, ΔΔ from the frames of the chunks and
+        the ``R`` frames either side, [B, C + 2R, D]: a sum of shifted slices per order (on a
+        CPU 3-4x faster than gathering every frame's window)."""
+        b, c, r = x.shape[0], self.chunks.chunk, self.order * DELTA_WINDOW
+        out = x.new_empty(b, c, self.order + 1, x.shape[2])
+        out[:, :, 0] = x[:, r: r + c]
+        for o, taps in enumerate(self.taps[1:], start=1):
+            acc = out[:, :, o]
+            (j, w), rest = taps[0], taps[1:]
+            torch.mul(x[:, j: j + c], w, out=acc)
+            for j, w in rest:
+                acc.add_(x[:, j: j + c], alpha=w)
+        return out.reshape(b, c, -1)

@@ -21,6 +21,7 @@ from asrtrain.recipe import Paths
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
 from asrtrain.train.config import TrainerConfig
 from asrtrain.train.data import UtteranceSet, iterate, shard
+from asrtrain.train.resident import ResidentChunks, learner_data_device
 
 
 class Task:
@@ -133,6 +134,8 @@ class FrameCETask(Task):
         self.batch_size = int(t.batch_chunks)
         self.block_utts = int(t.block_utts)
         self.seed = int(t.seed)
+        self.chunk_data, self.device = t.chunk_data, learner_data_device(t.cpu)
+        self._resident: dict[str, ResidentChunks] = {}
         self.input_dim, self.output_dim = self.train_set.dim, self.train_set.num_pdfs
         self.samples_per_epoch = len(self.train_set)
         self.priors = log_priors(self.train_set.pdf_counts())
@@ -147,8 +150,18 @@ class FrameCETask(Task):
     def epoch(self, epoch: int, rank: int, world: int) -> Iterator:
         seed = self.seed + epoch
         steps = self.train_set.steps(seed, world, self.batch_size)
-        return prefetch(self.train_set.batches(seed, rank, world, self.batch_size,
-                                               self.block_utts, steps))
+        args = (seed, rank, world, self.batch_size, self.block_utts, steps)
+        if self.chunk_data == "stream":
+            return prefetch(self.train_set.batches(*args))
+        return self.resident("train").batches(*args)
+
+    def resident(self, which: str) -> ResidentChunks:
+        """The ``train`` or ``dev`` set held on this learner's device, loaded at first use (not
+        when the task is built: describing a run must not read every ark)."""
+        if which not in self._resident:
+            chunks = self.train_set if which == "train" else self.dev_set
+            self._resident[which] = ResidentChunks(chunks, self.device)
+        return self._resident[which]
 
     @staticmethod
     def samples(batch) -> int:
@@ -168,7 +181,8 @@ class FrameCETask(Task):
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, rank: int, world: int) -> dict[str, float]:
         loss = correct = frames = 0.0
-        for batch in self.dev_set.batches(None, rank, world, self.batch_size):
+        dev = self.dev_set if self.chunk_data == "stream" else self.resident("dev")
+        for batch in dev.batches(None, rank, world, self.batch_size):
             batch_loss, logits, targets = self._forward(model, batch)
             mask = targets != IGNORE
             n = float(mask.sum())
