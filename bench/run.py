@@ -1,6 +1,6 @@
 """Benchmarks of the distributed backends on one machine, per-step compute simulated by a sleep.
 
-    python bench/run.py [straggler|scaling|consensus|all] [--quick]
+    python bench/run.py [straggler|scaling|consensus|gossip|all] [--quick]
 
 Writes bench/results/<name>.json and <name>.png (figures, not asserts):
   straggler  8 learners, one slowed 1x/2x/4x/8x: aggregate samples/s of each registered backend
@@ -8,6 +8,11 @@ Writes bench/results/<name>.json and <name>.png (figures, not asserts):
   scaling    1, 2, 4, 8 learners, each registered backend: throughput / (N x one learner).
   consensus  16 learners, zero learning rate: measured consensus distance per gossip round against
              the sqrt((1 - gap)^t) bound the topology predicts, for the fixed and randomized ring.
+  gossip     2 AD-PSGD learners gossiping the IBM hybrid BLSTM's 42.6M parameters (a 170 MB fp32
+             message; --quick: a tenth): the pairwise exchange time over gloo (MB/s) and the
+             copy/apply times of the gossip thread; and the compute slowdown gossip causes: steps/s
+             of the small MLP learner (no sleep) with gossip held, with gossip of its own 68 KB,
+             and with gossip of the 170 MB message (the model plus an unused ballast parameter).
 Learners are forked from a fork server that imported torch once (bench/synthetic.py, run_local)
 so the machine's two cores spend their time on the learners, not on importing torch; the sleep
 makes compute, not the cores, the bottleneck, as it is on GPUs. The backends are those of
@@ -39,7 +44,11 @@ STEP_S = 0.1          # simulated compute per step of a normal learner
 PER_LEARNER_BATCH = 8
 # 16.9k parameters (68 KB per gossip message); one thread per learner, also for the single one.
 MODEL = ["--dim", "64", "--hidden", "256", "--threads", "1"]
+MODEL_PARAMS = 64 * 256 + 256 + 256 + 1
 PER_NODE = 2          # learners per node, for the backends that have nodes
+#: Parameters of the IBM-size hybrid BLSTM (conf/hybrid/ibm.yaml: 6 x 512 per direction, 256
+#: bottleneck, 32k outputs), whose flat fp32 vector a gossip round exchanges.
+IBM_PARAMS = 42_600_000
 
 
 def run(learners: int, argv: list[str]) -> list[dict]:
@@ -140,6 +149,47 @@ def consensus(quick: bool) -> dict:
     return out
 
 
+def gossip(quick: bool) -> dict:
+    params = IBM_PARAMS // 10 if quick else IBM_PARAMS
+    ballast = ["--ballast", str(params - MODEL_PARAMS)]
+    rounds = 3 if quick else 6
+    out: dict = {"params": params, "message_mb": params * 4 / 1e6, "learners": 2, "runs": []}
+    # Rounds back to back after one step: each learner's time waiting for its partner's message
+    # (sending its own at the same time), per exchange.
+    stats = run(2, ["--backend", "adpsgd", "--topology", "ring", *MODEL, *ballast, "--lr", "0",
+                    "--steps", "1", "--idle", "0.001", "--wait-rounds", str(rounds)])
+    exchanges = sum(s["exchanges"] for s in stats)
+    per = {k: sum(s["gossip_seconds"][k] for s in stats) / exchanges
+           for k in stats[0]["gossip_seconds"]}
+    out["exchange"] = {"exchanges": exchanges, "wait_s": per["wait"], "copy_s": per["copy"],
+                       "apply_s": per["apply"], "mb_per_s": out["message_mb"] / per["wait"]}
+    print(f"gossip exchange of {out['message_mb']:.0f} MB between 2 gloo learners: "
+          f"{per['wait']:.3f} s ({out['message_mb'] / per['wait']:.0f} MB/s); copy out "
+          f"{per['copy']:.3f} s, change computed and applied {per['apply']:.3f} s "
+          f"({exchanges} exchanges)", flush=True)
+    steps = "600" if quick else "3000"
+    configs = {"no gossip": ["--no-gossip"], "gossip 68 KB": [],
+               f"gossip {out['message_mb']:.0f} MB": ballast}
+    # The machine is shared: each setting runs 3 times, interleaved, and keeps its best run.
+    best: dict[str, tuple[float, int]] = {}
+    for _ in range(3):
+        for label, extra in configs.items():
+            stats = run(2, ["--backend", "adpsgd", "--topology", "ring", *MODEL, *extra,
+                            "--lr", "0.01", "--batch", str(2 * PER_LEARNER_BATCH), "--steps",
+                            steps, "--idle", "0.01"])
+            rate = sum(s["steps"] / s["elapsed"] for s in stats) / len(stats)
+            exchanges = sum(s["exchanges"] for s in stats)
+            print(f"gossip slowdown, {label:13s}: {rate:7.1f} steps/s per learner "
+                  f"({exchanges} exchanges)", flush=True)
+            best[label] = max(best.get(label, (0.0, 0)), (rate, exchanges))
+    out["runs"] = [{"gossip": label, "steps_per_s": rate, "exchanges": exchanges}
+                   for label, (rate, exchanges) in best.items()]
+    base = out["runs"][0]["steps_per_s"]
+    for r in out["runs"]:
+        r["relative"] = r["steps_per_s"] / base
+    return out
+
+
 def plot(name: str, data: dict) -> None:
     try:
         import matplotlib
@@ -162,6 +212,13 @@ def plot(name: str, data: dict) -> None:
         ax.set_xlabel("slowdown of one learner (of 8)")
         ax.set_ylabel("aggregate samples/s")
         ax.set_title(f"Straggler: 8 learners, {STEP_S * 1000:.0f} ms simulated compute/step")
+    elif name == "gossip":
+        runs = data["runs"]
+        ax.bar([r["gossip"] for r in runs], [r["steps_per_s"] for r in runs])
+        ax.set_ylabel("steps/s per learner")
+        ex = data["exchange"]
+        ax.set_title(f"2 CPU learners; {data['message_mb']:.0f} MB exchange "
+                     f"{ex['wait_s']:.2f} s ({ex['mb_per_s']:.0f} MB/s)", fontsize=9)
     elif name == "scaling":
         for backend in backends:
             runs = [r for r in data["runs"] if r["backend"] == backend]
@@ -183,7 +240,8 @@ def plot(name: str, data: dict) -> None:
         ax.set_ylabel("consensus distance / initial")
         ax.set_title(f"Consensus, {data['learners']} learners, zero LR")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if name != "gossip":
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=100)
     plt.close(fig)
@@ -192,12 +250,13 @@ def plot(name: str, data: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("which", nargs="?", default="all",
-                   choices=["straggler", "scaling", "consensus", "all"])
+                   choices=["straggler", "scaling", "consensus", "gossip", "all"])
     p.add_argument("--quick", action="store_true", help="fewer steps")
     args = p.parse_args()
     torch.set_num_threads(1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    benches = {"straggler": straggler, "scaling": scaling, "consensus": consensus}
+    benches = {"straggler": straggler, "scaling": scaling, "consensus": consensus,
+               "gossip": gossip}
     for name, fn in benches.items():
         if args.which not in (name, "all"):
             continue

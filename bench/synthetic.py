@@ -94,10 +94,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--die-step", type=int, default=-1)
     p.add_argument("--die-how", choices=("exit", "kill", "stop"), default="exit",
                    help="exit: os._exit(3); kill: SIGKILL itself; stop: SIGSTOP itself (hung)")
+    p.add_argument("--ballast", type=int, default=0,
+                   help="a trainable parameter of N numbers that the model does not use: "
+                        "gossip moves it (an IBM-size message), the steps never touch it")
+    p.add_argument("--no-gossip", action="store_true",
+                   help="hold gossip after setup (Backend drain) until the final consensus")
+    p.add_argument("--wait-rounds", type=int, default=0,
+                   help="after the last step, wait until this learner started N gossip rounds "
+                        "(exactly N with --steps N and a long --idle)")
     p.add_argument("--log-every", type=int, default=0,
                    help="measure the consensus distance every N steps (equal steps only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: one)")
+    p.add_argument("--device", default="cpu",
+                   help="where the model trains (e.g. cuda:0: learners may share one GPU, "
+                        "their process groups stay gloo)")
     p.add_argument("--start-samples", type=int, default=0, help="progress of a resumed run")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--idle", type=float, default=0.1, help="gossip round interval when idle")
@@ -124,18 +135,25 @@ def run(args: argparse.Namespace) -> None:
     factor = slow.get(rank, 1.0)
     rng = random.Random(args.seed * 1000 + rank)
 
+    device = torch.device(args.device)
     model = make_model(args.dim, args.hidden, args.seed if not args.no_sync_init
-                       else args.seed + 1000 * (rank + 1)).to(backend.device)
+                       else args.seed + 1000 * (rank + 1)).to(device)
     x, y = make_data(args.examples, args.dim, args.seed)
+    x, y = x.to(device), y.to(device)
+    if args.ballast:
+        model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(args.ballast,
+                                                                           device=device)))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     backend.setup(model, optimizer, global_samples=args.start_samples)
     if backend.is_main:
         print(backend.describe(), flush=True)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    initial = _state(model)
     distances: list[tuple[int, float]] = []
     if args.log_every:
         distances.append((0, backend.consensus_distance(), _rounds(backend)))
 
+    if args.no_gossip and hasattr(backend, "drain"):
+        backend.drain()  # every learner at rest until the consensus at the end releases it
     samples = 0
     start = time.monotonic()
     for step in range(steps):
@@ -157,6 +175,7 @@ def run(args: argparse.Namespace) -> None:
         if args.log_every and (step + 1) % args.log_every == 0:
             distances.append((step + 1, backend.consensus_distance(), _rounds(backend)))
     elapsed = time.monotonic() - start
+    _wait_rounds(backend, args.wait_rounds, args.timeout)
 
     final_distance = backend.consensus_distance()
     consensus = backend.consensus()
@@ -167,17 +186,32 @@ def run(args: argparse.Namespace) -> None:
              "global_samples": backend.global_samples(), "distances": distances,
              "final_distance": final_distance, "mean_loss": metrics["loss"],
              "exchanges": getattr(getattr(backend, "gossip", None), "exchanges", 0),
+             "rounds": _rounds(backend),
+             "gossip_seconds": getattr(getattr(backend, "gossip", None), "seconds", None),
              "threads": torch.get_num_threads(), "describe": backend.describe(),
              # True where this process was forked from one that had used CUDA (it could not)
              "cuda_bad_fork": torch.cuda._is_in_bad_fork()}
     backend.close()  # drains gossip: the models below are quiescent
-    final = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    final = _state(model)
+    consensus.pop("ballast", None)
     with atomic_open(out / f"rank{rank}.pt", "wb") as f:
         torch.save({"initial": initial, "final": final}, f)
     if backend.is_main:
         with atomic_open(out / "consensus.pt", "wb") as f:
             torch.save(consensus, f)
     write_text(out / f"rank{rank}.json", json.dumps(stats, indent=1))
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of the model's state, without the ballast (not worth writing)."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k != "ballast"}
+
+
+def _wait_rounds(backend: object, rounds: int, timeout: float) -> None:
+    """Wait until this learner's gossip thread started ``rounds`` rounds (or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while _rounds(backend) < rounds and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _die(how: str) -> None:

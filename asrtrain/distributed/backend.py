@@ -27,15 +27,17 @@ A multi-learner backend is a :class:`DistributedBackend` registered in
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from asrtrain import AsrtrainError
+from asrtrain.distributed.streams import NullStream
 
 if TYPE_CHECKING:
     from asrtrain.distributed.comm import Comm
@@ -170,7 +172,8 @@ class DistributedBackend(Backend):
     :meth:`global_samples`; it may add :meth:`create_groups` (its process groups, at
     construction), :meth:`attach` (after the initial broadcast), :meth:`after_backward`, and
     :meth:`drain` / :meth:`release` / :meth:`stop` when it exchanges in the background.
-    Optimizer steps run under :attr:`model_lock`, which background exchanges also take.
+    Optimizer steps run under :attr:`model_lock`, which background exchanges also take, and
+    are ordered on the GPU against them by :attr:`streams` (:meth:`updating_model`).
     """
 
     def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
@@ -180,6 +183,9 @@ class DistributedBackend(Backend):
         self.params: list[torch.Tensor] = []
         #: Serialises optimizer steps and background (gossip) updates of the model.
         self.model_lock = threading.Lock()
+        #: Orders the main stream's model updates against a gossip thread's copies; a backend
+        #: that gossips sets it from its parameters (``streams.streams_for``) in attach.
+        self.streams = NullStream()
         self.create_groups()
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -212,8 +218,17 @@ class DistributedBackend(Backend):
             self.broadcast_model(0, None, "initial model broadcast")
         self.attach()
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+    @contextlib.contextmanager
+    def updating_model(self) -> Iterator[None]:
+        """Hold the model lock and order the update against gossip's GPU copies: it waits (on
+        the GPU) for their last, and their next waits for it."""
         with self.model_lock:
+            self.streams.before_update()
+            yield
+            self.streams.after_update()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        with self.updating_model():
             optimizer.step()
 
     def consensus(self) -> dict[str, torch.Tensor]:

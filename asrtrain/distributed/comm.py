@@ -70,6 +70,19 @@ def flat_params(params: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to("cpu", dtype) for p in params])
 
 
+def copy_flat_(params: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Copy ``params`` into the flat ``out`` (in its dtype and on its device).
+
+    The copies of GPU parameters are queued on the current stream (``non_blocking``): to host
+    memory they are done only after that stream is synchronised.
+    """
+    offset = 0
+    for p in params:
+        n = p.numel()
+        out[offset : offset + n].view_as(p).copy_(p.detach(), non_blocking=True)
+        offset += n
+
+
 def add_flat_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     """``params += flat`` (split to the shapes of ``params``), in place."""
     offset = 0

@@ -6,13 +6,25 @@ Lian et al., "Asynchronous Decentralized Parallel Stochastic Gradient Descent", 
 randomized ring and delay-by-one of Zhang, Cui, Kingsbury et al., ICASSP 2020 / TASLP 2021.
 ``x^(r)`` are the models both partners had when round ``r`` started; the round's change is added
 to the *current* model under the model lock, so gradient steps taken during an exchange are kept
-and the average over learners is unchanged by gossip. The thread has its own gloo process group
-over CPU copies (one process group must never be used from two threads); rounds follow
+and the average over learners is unchanged by gossip. The thread has its own process group (one
+process group must never be used from two threads): gloo over host copies of the parameters
+(page-locked for a GPU model), or NCCL between GPUs (``wire="nccl"``, below). Rounds follow
 ``topology.Schedule`` (matchings in a shared order: deadlock-free). A round starts after each
 local step, or after ``idle_s`` without one, so a slow learner still answers its neighbours and
 never holds up their computation. With ``delay_by_one`` a round's messages are posted and applied
 at the next round, so the network wait overlaps the next step. Sample counters ride along every
 exchange (element-wise max), so each member knows the global progress that drives the LR.
+
+For a GPU model the copies out and the updates in are queued on a CUDA stream of the gossip
+thread's own, ordered against the optimizer steps by events (:mod:`.streams`): the main thread
+never waits for a copy, and the exchange runs while the next steps compute. On the CPU the same
+code runs with a null stream object and gives the results the thread always gave.
+
+NCCL gossip (``wire="nccl"``, for nodes of several GPUs) sends and receives from device memory on
+an NCCL communicator of its own; each pair's send and receive are issued together
+(``batch_isend_irecv``) and pairs in the schedule's order, so both sides match. It cannot run with
+one GPU: NCCL refuses two ranks on one device ("Duplicate GPU detected"), so it was never run
+here; see docs/architecture.md ("NCCL") for what is and is not known of its safety.
 
 Used by adpsgd (every learner a member, changes applied by the thread) and hadpsgd (node leaders
 are members; the changes are handed to the main thread to share inside the node).
@@ -30,17 +42,51 @@ import torch
 import torch.distributed as dist
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed.comm import Comm, add_flat_, common_dtype, flat_params
+from asrtrain.distributed.comm import Comm, add_flat_, common_dtype, copy_flat_
+from asrtrain.distributed.streams import NullStream
 from asrtrain.distributed.topology import Schedule
+
+#: How gossip messages travel: ``gloo`` (host memory; any device) or ``nccl`` (GPU memory).
+WIRES = ("gloo", "nccl")
 
 
 @dataclass
 class _Posted:
-    """The messages of one round in flight: one (partner, send, recv, buffer) per exchange."""
+    """The messages of one round in flight: one (partner, works, recv buffer) per exchange
+    (``works`` is empty once waited for: a gloo Work must be waited on once only)."""
 
     round: int
     snapshot: torch.Tensor
-    exchanges: list[tuple[int, dist.Work | None, dist.Work | None, torch.Tensor]]
+    exchanges: list[tuple[int, list[dist.Work], torch.Tensor]]
+
+
+class _Wire:
+    """Where a gossip message lives and how a pair exchanges it (:data:`WIRES`)."""
+
+    def __init__(self, kind: str, group: dist.ProcessGroup, streams: NullStream) -> None:
+        if kind not in WIRES:
+            raise AsrtrainError(f"gossip: unknown wire {kind!r} (one of {', '.join(WIRES)})")
+        if kind == "nccl" and streams.device.type != "cuda":
+            raise AsrtrainError("gossip: the nccl wire needs the model on a GPU")
+        self.kind = kind
+        self.group = group
+        self.device = streams.device if kind == "nccl" else torch.device("cpu")
+        self.pin_memory = kind == "gloo" and streams.pin_memory
+
+    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int,
+                 phase: int) -> list[dist.Work]:
+        """Post one pair's send and receive; the works to wait for, the receive's first."""
+        if self.kind == "gloo":
+            ws = dist.isend(send, dst=peer, group=self.group, tag=phase)
+            wr = dist.irecv(recv, src=peer, group=self.group, tag=phase)
+            return [wr, ws]
+        # NCCL has no tags and a lone send waits for its receive: both go in one group call,
+        # and both partners post their pairs in the schedule's order.
+        return dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, peer, self.group),
+                                       dist.P2POp(dist.isend, send, peer, self.group)])
 
 
 class Gossip:
@@ -56,12 +102,19 @@ class Gossip:
         schedule: the shared round schedule over ``len(ranks)`` members.
         apply_in_thread: add a round's change to ``params`` at once (AD-PSGD); otherwise keep it
             in :meth:`take_pending` for the main thread to share inside the node (H-AD-PSGD).
+        streams: how copies are ordered against the optimizer steps (:mod:`.streams`; the
+            backend's, whose ``before_update``/``after_update`` bracket its steps); None: the
+            null stream (CPU).
+        wire: ``gloo`` (``group`` is gloo) or ``nccl`` (``group`` is NCCL; GPU models).
     """
 
     def __init__(self, comm: Comm, lock: threading.Lock, params: list[torch.Tensor],
                  group: dist.ProcessGroup, ranks: list[int], me: int, schedule: Schedule,
-                 delay_by_one: bool, idle_s: float, apply_in_thread: bool) -> None:
+                 delay_by_one: bool, idle_s: float, apply_in_thread: bool,
+                 streams: NullStream | None = None, wire: str = "gloo") -> None:
         self.comm = comm
+        self.streams = streams if streams is not None else NullStream()
+        self.wire = _Wire(wire, group, self.streams)
         self.lock = lock
         self.params = params
         self.group = group
@@ -89,6 +142,9 @@ class Gossip:
         self.stop = False
         self.error: AsrtrainError | None = None
         self.exchanges = 0           # completed pairwise exchanges (for tests and logs)
+        #: Seconds the thread spent copying the model out (lock and copy), waiting for its
+        #: partners' messages, and computing and applying the changes (logs, bench/run.py).
+        self.seconds = {"copy": 0.0, "wait": 0.0, "apply": 0.0}
         self._thread = threading.Thread(target=self._run, name="asrtrain-gossip", daemon=True)
 
     def start(self) -> None:
@@ -160,44 +216,9 @@ class Gossip:
         return self.steps > last_steps or time.monotonic() - last_time >= self.idle_s
 
     def _run(self) -> None:
-        posted: _Posted | None = None
-        last_steps, last_time = 0, time.monotonic()
         try:
-            while True:
-                with self.cond:
-                    while True:
-                        if self.stop:
-                            return
-                        r = self.rounds
-                        if posted is not None and self.limit is not None and r >= self.limit:
-                            break  # drain: finish the round still in flight
-                        if self._may_start(r, last_steps, last_time):
-                            self.rounds += 1
-                            self.idle = False
-                            last_steps = self.steps
-                            break
-                        self.idle = True
-                        self.cond.notify_all()
-                        self.cond.wait(self.idle_s if self.limit is None else 1.0)
-                    start_round = self.rounds > r
-                last_time = time.monotonic()
-                if not start_round:
-                    assert posted is not None
-                    self._finish(posted)
-                    posted = None
-                    with self.cond:
-                        self.inflight = False
-                    continue
-                if self.delay_by_one:
-                    # Apply the previous round (its messages travelled during the last step),
-                    # then post this one: the averaging uses models one step old, never waits.
-                    if posted is not None:
-                        self._finish(posted)
-                    posted = self._post(r)
-                    with self.cond:
-                        self.inflight = True
-                else:
-                    self._finish(self._post(r))
+            with self.streams.thread():
+                self._rounds()
         except Exception as e:  # noqa: BLE001 - handed to the main thread, which raises it
             bad = None
             if isinstance(e, _PeerError):
@@ -208,22 +229,70 @@ class Gossip:
                 self.idle = True
                 self.cond.notify_all()
 
-    def _snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rounds(self) -> None:
+        posted: _Posted | None = None
+        last_steps, last_time = 0, time.monotonic()
+        while True:
+            with self.cond:
+                while True:
+                    if self.stop:
+                        return
+                    r = self.rounds
+                    if posted is not None and self.limit is not None and r >= self.limit:
+                        break  # drain: finish the round still in flight
+                    if self._may_start(r, last_steps, last_time):
+                        self.rounds += 1
+                        self.idle = False
+                        last_steps = self.steps
+                        break
+                    self.idle = True
+                    self.cond.notify_all()
+                    self.cond.wait(self.idle_s if self.limit is None else 1.0)
+                start_round = self.rounds > r
+            last_time = time.monotonic()
+            if not start_round:
+                assert posted is not None
+                self._finish(posted)
+                posted = None
+                with self.cond:
+                    self.inflight = False
+                continue
+            if self.delay_by_one:
+                # Apply the previous round (its messages travelled during the last step),
+                # then post this one: the averaging uses models one step old, never waits.
+                if posted is not None:
+                    self._finish(posted)
+                posted = self._post(r)
+                with self.cond:
+                    self.inflight = True
+            else:
+                self._finish(self._post(r))
+
+    def _snapshot(self, x: torch.Tensor) -> torch.Tensor:
+        """Copy the model (with the change not yet shared, H-AD-PSGD) into ``x``; the counters.
+
+        Under the model lock only the copy is queued (on a GPU: on the side stream, after the
+        last step); the main thread's next step waits for it on the GPU, not on the host.
+        """
+        start = time.perf_counter()
         with self.lock:
-            x = flat_params(self.params, self.dtype)
-            if not self.apply_in_thread:
-                x += self.pending
+            with self.streams.side():
+                copy_flat_(self.params, x)
+            pending = None if self.apply_in_thread else self.pending.clone()
+        self.streams.synchronize()
+        if pending is not None:
+            x += pending.to(x.device)
+        self.seconds["copy"] += time.perf_counter() - start
         with self.cond:
-            counts = self.counts.clone()
-        return x, counts
+            return self.counts.clone()
 
     def _post(self, r: int) -> _Posted:
-        x, counts = self._snapshot()
         n = len(self.ranks)
-        # One message per exchange: the counters, then the parameters (8-byte aligned).
-        send = torch.empty(8 * n + x.numel() * x.element_size(), dtype=torch.uint8)
-        send[: 8 * n].view(torch.int64).copy_(counts)
-        send[8 * n :].view(self.dtype).copy_(x)
+        # One message per exchange: the counters, then the parameters (8-byte aligned); the
+        # snapshot is copied straight into it.
+        send = self.wire.empty(8 * n + self.numel * self.dtype.itemsize, torch.uint8)
+        x = send[8 * n :].view(self.dtype)
+        send[: 8 * n].view(torch.int64).copy_(self._snapshot(x))
         exchanges = []
         for phase, partner in enumerate(self.schedule.partners(self.me, r)):
             if partner is None:
@@ -231,48 +300,62 @@ class Gossip:
             peer = self.ranks[partner]
             recv = torch.empty_like(send)
             try:
-                ws = dist.isend(send, dst=peer, group=self.group, tag=phase)
-                wr = dist.irecv(recv, src=peer, group=self.group, tag=phase)
+                works = self.wire.exchange(send, recv, peer, phase)
             except Exception as e:  # noqa: BLE001
                 raise _PeerError(peer, e) from e
             if not self.delay_by_one:
                 # One neighbour at a time: this pair finishes before the next phase starts.
-                # (A gloo Work must be waited on once only: a second wait hangs.)
-                self._wait(peer, ws, wr)
-                ws = wr = None
-            exchanges.append((peer, ws, wr, recv))
+                self._wait(peer, works)
+                works = []
+            exchanges.append((peer, works, recv))
         return _Posted(r, x, exchanges)
 
-    def _wait(self, peer: int, ws: dist.Work, wr: dist.Work) -> None:
+    def _wait(self, peer: int, works: list[dist.Work]) -> None:
+        start = time.perf_counter()
         try:
-            wr.wait(timeout=self.timeout)
-            ws.wait(timeout=self.timeout)
+            for work in works:
+                work.wait(timeout=self.timeout)
         except Exception as e:  # noqa: BLE001
             raise _PeerError(peer, e) from e
+        self.seconds["wait"] += time.perf_counter() - start
 
     def _finish(self, posted: _Posted) -> None:
+        start, waited = time.perf_counter(), self.seconds["wait"]
         n = len(self.ranks)
-        delta = torch.zeros_like(posted.snapshot)
+        delta = self.wire.empty(self.numel, self.dtype).zero_()
         counts = None
-        for peer, ws, wr, recv in posted.exchanges:
-            if ws is not None and wr is not None:
-                self._wait(peer, ws, wr)
+        for peer, works, recv in posted.exchanges:
+            self._wait(peer, works)
             delta += recv[8 * n :].view(self.dtype) - posted.snapshot
-            c = recv[: 8 * n].view(torch.int64)
+            c = recv[: 8 * n].view(torch.int64).cpu()
             counts = c.clone() if counts is None else torch.maximum(counts, c)
         if posted.exchanges:
             delta *= self.schedule.weight
-            with self.lock:
-                if self.apply_in_thread:
-                    add_flat_(self.params, delta)
-                else:
-                    self.pending += delta
-                    self.has_pending = True
+            self._apply(delta)
+        self.seconds["apply"] += time.perf_counter() - start - (self.seconds["wait"] - waited)
         with self.cond:
             if counts is not None:
                 counts[self.me] = self.counts[self.me]  # our own count is always the newest
                 torch.maximum(self.counts, counts, out=self.counts)
             self.exchanges += len(posted.exchanges)
+
+
+    def _apply(self, delta: torch.Tensor) -> None:
+        """Add a round's change to the model (AD-PSGD) or to the pending change (H-AD-PSGD).
+
+        On a GPU the change is uploaded on the side stream before the model lock is taken; the
+        addition is queued after the last step, and the next step waits for it on the GPU.
+        """
+        if self.apply_in_thread:
+            delta = delta.to(self.streams.device, non_blocking=True)
+            with self.lock, self.streams.side():
+                add_flat_(self.params, delta)
+        else:
+            delta = delta.to(self.pending.device)
+            with self.lock:
+                self.pending += delta
+                self.has_pending = True
+        self.streams.synchronize()  # the buffers may go; the thread is idle only when done
 
 
 class _PeerError(Exception):

@@ -18,6 +18,7 @@ from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.gossip import Gossip, drain_gossip
 from asrtrain.distributed.registry import register_backend
+from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
 
 
@@ -35,9 +36,11 @@ class ADPSGDBackend(DistributedBackend):
         # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
         self.comm.barrier("setup barrier")
         schedule = Schedule(self.world_size, self.cfg.topology, self.cfg.seed)
+        self.streams = streams_for(self.params)
         self.gossip = Gossip(self.comm, self.model_lock, self.params, self.gossip_group,
                              list(range(self.world_size)), self.rank, schedule,
-                             self.cfg.delay_by_one, self.cfg.gossip_idle_s, apply_in_thread=True)
+                             self.cfg.delay_by_one, self.cfg.gossip_idle_s, apply_in_thread=True,
+                             streams=self.streams)
         self.gossip.start()
 
     def _gossip(self) -> Gossip:

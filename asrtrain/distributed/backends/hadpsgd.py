@@ -24,6 +24,7 @@ from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.comm import add_flat_, common_dtype
 from asrtrain.distributed.gossip import Gossip, drain_gossip
 from asrtrain.distributed.registry import register_backend
+from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
 
 
@@ -66,9 +67,11 @@ class HADPSGDBackend(DistributedBackend):
                                             self.per_node)
         self.comm.barrier("setup barrier")
         if self.rank == self.leader and self.leader_group is not None:
+            self.streams = streams_for(self.params)
             self.gossip = Gossip(self.comm, self.model_lock, self.params, self.leader_group,
                                  self.leaders, self.node, self.schedule, self.cfg.delay_by_one,
-                                 self.cfg.gossip_idle_s, apply_in_thread=self.per_node == 1)
+                                 self.cfg.gossip_idle_s, apply_in_thread=self.per_node == 1,
+                                 streams=self.streams)
             self.gossip.start()
         self._dtype = common_dtype(self.params)
         self._numel = sum(p.numel() for p in self.params)
@@ -96,7 +99,7 @@ class HADPSGDBackend(DistributedBackend):
         if flag:
             buf = delta if delta is not None else torch.empty(self._numel, dtype=self._dtype)
             self.comm.broadcast_([buf], self.leader, self.node_group, "node gossip broadcast")
-            with self.model_lock:
+            with self.updating_model():
                 add_flat_(self.params, buf)
         return node_samples
 
