@@ -107,8 +107,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: one)")
     p.add_argument("--device", default="cpu",
-                   help="where the model trains (e.g. cuda:0: learners may share one GPU, "
-                        "their process groups stay gloo)")
+                   help="where the model trains: cpu; learner (the trainer's choice: "
+                        "cuda:<local rank> where CUDA is, process groups NCCL); or a device such "
+                        "as cuda:0 (learners may share one GPU; process groups stay gloo)")
+    p.add_argument("--gossip-backend", default="gloo", help="trainer.gossip_backend")
     p.add_argument("--start-samples", type=int, default=0, help="progress of a resumed run")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--idle", type=float, default=0.1, help="gossip round interval when idle")
@@ -121,7 +123,8 @@ def run(args: argparse.Namespace) -> None:
         importlib.import_module(module)
     cfg = {"backend": args.backend, "topology": args.topology, "delay_by_one": args.delay_by_one,
            "seed": args.seed, "timeout_s": args.timeout, "gossip_idle_s": args.idle,
-           "sync_init": not args.no_sync_init, "cpu": True, "threads": args.threads}
+           "sync_init": not args.no_sync_init, "cpu": args.device != "learner",
+           "threads": args.threads, "gossip_backend": args.gossip_backend}
     if args.per_node:
         cfg["per_node"] = args.per_node
     backend = build_backend(cfg)
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> None:
     factor = slow.get(rank, 1.0)
     rng = random.Random(args.seed * 1000 + rank)
 
-    device = torch.device(args.device)
+    device = backend.device if args.device == "learner" else torch.device(args.device)
     model = make_model(args.dim, args.hidden, args.seed if not args.no_sync_init
                        else args.seed + 1000 * (rank + 1)).to(device)
     x, y = make_data(args.examples, args.dim, args.seed)

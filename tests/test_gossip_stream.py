@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
+from conftest import TEST_DEVICE
 
 from asrtrain.distributed.comm import add_flat_, flat_params
 from asrtrain.distributed.streams import NullStream, SideStream, streams_for
@@ -82,6 +83,18 @@ def test_cpu_round_equals_the_old_path_bit_for_bit(tmp_path: Path, learners: int
     check_one_round(tmp_path, learners, topology, extra)
 
 
+@pytest.mark.timeout(120)
+def test_nccl_gossip_on_cpu_learners_is_one_error_line(tmp_path: Path) -> None:
+    codes = synthetic.run_local(tmp_path, 2, ["--backend", "adpsgd", "--gossip-backend", "nccl",
+                                              "--steps", "2"], timeout=90)
+    assert codes == {0: 1, 1: 1}
+    for r in range(2):
+        message = (tmp_path / f"error{r}.txt").read_text()
+        assert message.startswith("AsrtrainError: trainer.gossip_backend=nccl needs learners on "
+                                  "GPUs (this one is on cpu)"), message
+        assert len(message.splitlines()) == 1
+
+
 def test_cpu_parameters_get_the_null_stream_without_touching_cuda() -> None:
     streams = streams_for([torch.zeros(3)])
     assert type(streams) is NullStream and not streams.pin_memory
@@ -126,3 +139,15 @@ def spread(states: list[dict[str, torch.Tensor]]) -> float:
     avg = mean(states)
     return max(sum(float((s[k].double() - avg[k]).pow(2).sum()) for k in avg) ** 0.5
                for s in states)
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(TEST_DEVICE == "cuda" and torch.cuda.device_count() < 2,
+                    reason="NCCL gossip needs two GPUs: NCCL refuses two ranks on one GPU "
+                           "(Duplicate GPU detected)")
+@pytest.mark.parametrize("extra", [[], ["--delay-by-one"]])
+def test_nccl_round_between_two_gpus_equals_the_old_path(tmp_path: Path,
+                                                         extra: list[str]) -> None:
+    check_one_round(tmp_path, 2, "ring", ["--device", "learner", "--gossip-backend", "nccl",
+                                          *extra])

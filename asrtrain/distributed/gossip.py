@@ -60,6 +60,28 @@ class _Posted:
     exchanges: list[tuple[int, list[dist.Work], torch.Tensor]]
 
 
+def gossip_group_backend(kind: str, device: torch.device) -> str:
+    """The process-group backend of a gossip group for learners on ``device``: ``kind`` (one of
+    :data:`WIRES`, ``trainer.gossip_backend``) where it can run there."""
+    if kind not in WIRES:
+        raise AsrtrainError(f"trainer.gossip_backend={kind!r}: use one of {', '.join(WIRES)}")
+    if kind == "nccl" and device.type != "cuda":
+        raise AsrtrainError("trainer.gossip_backend=nccl needs learners on GPUs (this one is on "
+                            f"{device}); use gloo")
+    if kind == "nccl" and not dist.is_nccl_available():
+        raise AsrtrainError("trainer.gossip_backend=nccl: this torch has no NCCL; use gloo")
+    return kind
+
+
+def start_gossip_group(comm: Comm, group: dist.ProcessGroup, kind: str) -> None:
+    """Before the gossip thread starts, on every member's main thread: for NCCL, one collective
+    of all members, because the first call of batched point-to-point operations in a group must
+    involve all its ranks (torch's ``batch_isend_irecv``); it also builds the communicator."""
+    if kind == "nccl":
+        comm.wait(dist.all_reduce(torch.zeros(1, device=comm.device), group=group,
+                                  async_op=True), "gossip group start")
+
+
 class _Wire:
     """Where a gossip message lives and how a pair exchanges it (:data:`WIRES`)."""
 
@@ -72,9 +94,17 @@ class _Wire:
         self.group = group
         self.device = streams.device if kind == "nccl" else torch.device("cpu")
         self.pin_memory = kind == "gloo" and streams.pin_memory
+        self._buffers: dict[str, torch.Tensor] = {}
 
-    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+    def buffer(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """The buffer ``name``, kept from round to round: a round is finished before the next is
+        posted, so its buffers are free again. Reused, the messages of a 42.6M-parameter model
+        (4 x 170 MB) cost no allocation (pinned memory's is slow) nor first-touch page faults."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() != numel or buf.dtype != dtype:
+            buf = torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+            self._buffers[name] = buf
+        return buf
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int,
                  phase: int) -> list[dist.Work]:
@@ -290,7 +320,8 @@ class Gossip:
         n = len(self.ranks)
         # One message per exchange: the counters, then the parameters (8-byte aligned); the
         # snapshot is copied straight into it.
-        send = self.wire.empty(8 * n + self.numel * self.dtype.itemsize, torch.uint8)
+        size = 8 * n + self.numel * self.dtype.itemsize
+        send = self.wire.buffer("send", size, torch.uint8)
         x = send[8 * n :].view(self.dtype)
         send[: 8 * n].view(torch.int64).copy_(self._snapshot(x))
         exchanges = []
@@ -298,7 +329,7 @@ class Gossip:
             if partner is None:
                 continue
             peer = self.ranks[partner]
-            recv = torch.empty_like(send)
+            recv = self.wire.buffer(f"recv{phase}", size, torch.uint8)
             try:
                 works = self.wire.exchange(send, recv, peer, phase)
             except Exception as e:  # noqa: BLE001
@@ -322,11 +353,12 @@ class Gossip:
     def _finish(self, posted: _Posted) -> None:
         start, waited = time.perf_counter(), self.seconds["wait"]
         n = len(self.ranks)
-        delta = self.wire.empty(self.numel, self.dtype).zero_()
+        delta = self.wire.buffer("delta", self.numel, self.dtype).zero_()
+        diff = self.wire.buffer("diff", self.numel, self.dtype)
         counts = None
         for peer, works, recv in posted.exchanges:
             self._wait(peer, works)
-            delta += recv[8 * n :].view(self.dtype) - posted.snapshot
+            delta += torch.sub(recv[8 * n :].view(self.dtype), posted.snapshot, out=diff)
             c = recv[: 8 * n].view(torch.int64).cpu()
             counts = c.clone() if counts is None else torch.maximum(counts, c)
         if posted.exchanges:

@@ -152,6 +152,7 @@ class TrainerConfig:
     Backend (:mod:`asrtrain.distributed`): ``backend`` (a registered name), ``per_node`` (hadpsgd:
     learners per super-learner; None: the learners of a machine), the gossip ``topology``,
     ``delay_by_one``, ``gossip_idle_s`` (the pause between gossip rounds when no step was taken),
+    ``gossip_backend`` (``gloo``; ``nccl``: between GPUs, never run here, docs/architecture.md),
     ``timeout_s`` (every blocking wait), ``sync_init`` (start all learners from learner 0's
     model), ``threads`` (torch CPU threads per learner; 0: one), ``cpu`` (train on CPU even where
     CUDA is available), ``seed`` (the initial model, the batch order, SpecAugment draws and the
@@ -183,6 +184,7 @@ class TrainerConfig:
     delay_by_one: bool = _opt(False, _bool)
     timeout_s: float = _opt(60.0, _float(0.0, low_open=True))
     gossip_idle_s: float = _opt(0.1, _float(0.0, low_open=True))
+    gossip_backend: str = _opt("gloo", _choice(lambda: ("gloo", "nccl")))
     sync_init: bool = _opt(True, _bool)
     threads: int = _opt(0, _int(0))
     cpu: bool = _opt(False, _bool)

@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import DistributedBackend
-from asrtrain.distributed.gossip import Gossip, drain_gossip
+from asrtrain.distributed.gossip import (
+    Gossip,
+    drain_gossip,
+    gossip_group_backend,
+    start_gossip_group,
+)
 from asrtrain.distributed.registry import register_backend
 from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
@@ -30,17 +35,19 @@ class ADPSGDBackend(DistributedBackend):
     gossip: Gossip | None = None
 
     def create_groups(self) -> None:
-        self.gossip_group = self.comm.new_group(list(range(self.world_size)), "gloo")
+        self.wire = gossip_group_backend(self.cfg.gossip_backend, self.device)
+        self.gossip_group = self.comm.new_group(list(range(self.world_size)), self.wire)
 
     def attach(self) -> None:
         # Everyone is set up before anyone gossips (a partner's first round waits otherwise).
         self.comm.barrier("setup barrier")
+        start_gossip_group(self.comm, self.gossip_group, self.wire)
         schedule = Schedule(self.world_size, self.cfg.topology, self.cfg.seed)
         self.streams = streams_for(self.params)
         self.gossip = Gossip(self.comm, self.model_lock, self.params, self.gossip_group,
                              list(range(self.world_size)), self.rank, schedule,
                              self.cfg.delay_by_one, self.cfg.gossip_idle_s, apply_in_thread=True,
-                             streams=self.streams)
+                             streams=self.streams, wire=self.wire)
         self.gossip.start()
 
     def _gossip(self) -> Gossip:
@@ -76,5 +83,5 @@ class ADPSGDBackend(DistributedBackend):
 
     def describe(self) -> str:
         mode = ", delay-by-one" if self.cfg.delay_by_one else ""
-        return (f"backend adpsgd{mode}: " + describe(self.world_size, self.cfg.topology, 1,
-                                                      self.cfg.seed))
+        return (f"backend adpsgd{mode}, gossip over {self.wire}: "
+                + describe(self.world_size, self.cfg.topology, 1, self.cfg.seed))

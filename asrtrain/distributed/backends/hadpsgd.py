@@ -22,7 +22,12 @@ from asrtrain import AsrtrainError
 from asrtrain.distributed.allreduce import GradientAllreduce
 from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.comm import add_flat_, common_dtype
-from asrtrain.distributed.gossip import Gossip, drain_gossip
+from asrtrain.distributed.gossip import (
+    Gossip,
+    drain_gossip,
+    gossip_group_backend,
+    start_gossip_group,
+)
 from asrtrain.distributed.registry import register_backend
 from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
@@ -56,7 +61,9 @@ class HADPSGDBackend(DistributedBackend):
                 if k == self.node:
                     self.node_group = g
         self.leaders = [k * per_node for k in range(self.nodes)]
-        self.leader_group = self.comm.new_group(self.leaders, "gloo") if self.nodes > 1 else None
+        self.wire = gossip_group_backend(self.cfg.gossip_backend, self.device)
+        self.leader_group = (self.comm.new_group(self.leaders, self.wire) if self.nodes > 1
+                             else None)
         self._global = 0
 
     def attach(self) -> None:
@@ -67,11 +74,12 @@ class HADPSGDBackend(DistributedBackend):
                                             self.per_node)
         self.comm.barrier("setup barrier")
         if self.rank == self.leader and self.leader_group is not None:
+            start_gossip_group(self.comm, self.leader_group, self.wire)
             self.streams = streams_for(self.params)
             self.gossip = Gossip(self.comm, self.model_lock, self.params, self.leader_group,
                                  self.leaders, self.node, self.schedule, self.cfg.delay_by_one,
                                  self.cfg.gossip_idle_s, apply_in_thread=self.per_node == 1,
-                                 streams=self.streams)
+                                 streams=self.streams, wire=self.wire)
             self.gossip.start()
         self._dtype = common_dtype(self.params)
         self._numel = sum(p.numel() for p in self.params)
@@ -149,5 +157,5 @@ class HADPSGDBackend(DistributedBackend):
         mode = ", delay-by-one" if self.cfg.delay_by_one else ""
         inner = dist.get_backend(self.node_group) if self.node_group is not None else "none"
         return (f"backend hadpsgd{mode}: gradient allreduce inside nodes over {inner}, "
-                f"leaders gossip over gloo; "
+                f"leaders gossip over {self.wire}; "
                 + describe(self.world_size, self.cfg.topology, self.per_node, self.schedule.seed))
