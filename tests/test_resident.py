@@ -112,7 +112,7 @@ def test_resident_equals_streaming_batch_for_batch(chunk_data, delta_order, norm
 @pytest.mark.parametrize("world", [1, 2])
 def test_in_order_epoch_keeps_every_chunk_and_the_partial_batch(chunk_data, world) -> None:
     cs = ChunkSet(*chunk_data, chunk=21, delta_order=2, norm_vars=True)
-    rc = ResidentChunks(cs, "cpu")
+    rc = ResidentChunks(cs, "cpu", torch.float32)
     seen = 0
     for rank in range(world):
         args = (None, rank, world, 4)
@@ -125,7 +125,7 @@ def test_padding_and_short_utterances(tmp_path: Path) -> None:
     """An utterance shorter than a chunk is one chunk: zero features and IGNORE targets past it,
     its Δ/ΔΔ clamped to its own frames (not its neighbours' in the store)."""
     cs = ChunkSet(*make_set(tmp_path, [3, 40, 5]), chunk=21, delta_order=2)
-    rc = ResidentChunks(cs, "cpu")
+    rc = ResidentChunks(cs, "cpu", torch.float32)
     batches = list(rc.batches(None, 0, 1, 8))
     assert len(batches) == 1 and batches[0].lengths.tolist() == [3, 21, 21, 5]
     b = batches[0]
@@ -138,7 +138,8 @@ def test_padding_and_short_utterances(tmp_path: Path) -> None:
 
 def test_memory_per_frame_and_refusal(chunk_data) -> None:
     cs = ChunkSet(*chunk_data, chunk=21)
-    rc = ResidentChunks(cs, "cpu", torch.float16)
+    rc = ResidentChunks(cs, "cpu")
+    assert rc.dtype == torch.float16
     assert rc.bytes_per_frame == bytes_per_frame(6, torch.float16, 21) == 6 * 2 + 4 + 24 / 21
     assert rc.nbytes == int((sum(LENGTHS) + 1) * rc.bytes_per_frame)
     assert rc.store_device == torch.device("cpu")
@@ -191,10 +192,24 @@ def test_hybrid_task_trains_on_resident_data_as_on_streamed(tmp_path: Path) -> N
     for world in (1, 2):
         for rank in range(world):
             assert_same_batches(tasks["stream"].epoch(2, rank, world),
-                                tasks["resident"].epoch(2, rank, world), 1e-5, 1e-5)
+                                tasks["resident"].epoch(2, rank, world), 4e-3, 2e-3)
     torch.manual_seed(0)
     model = build_model(cfg.model, tasks["stream"].input_dim, tasks["stream"].output_dim)
     sums = {m: t.evaluate(model, 0, 1) for m, t in tasks.items()}
     chunk_frames = int(tasks["stream"].dev_set.chunk_table()[2].sum())  # overlaps counted
     assert sums["resident"]["count"] == sums["stream"]["count"] == chunk_frames
-    assert sums["resident"]["loss"] == pytest.approx(sums["stream"]["loss"], rel=1e-5)
+    assert sums["resident"]["loss"] == pytest.approx(sums["stream"]["loss"], rel=1e-4)
+
+
+def test_values_beyond_fp16_are_refused(tmp_path: Path) -> None:
+    data, ali = make_set(tmp_path, [30, 40])
+    (data / "cmvn.scp").unlink()  # no CMVN: the stored values as they are
+    with kaldiio.WriteHelper(f"ark,scp:{tmp_path}/big.ark,{tmp_path}/big.scp") as w:
+        w("spk1-u01", np.full((40, 6), 1e5, dtype=np.float32))
+    scp = (data / "feats.scp").read_text().splitlines()
+    (data / "feats.scp").write_text(scp[0] + "\n" + (tmp_path / "big.scp").read_text())
+    cs = ChunkSet(data, ali, chunk=21)
+    with pytest.raises(AsrtrainError, match=r"feats.scp: feature values up to 100000 .*spk1-u01"
+                                            r"\) overflow float16 storage"):
+        ResidentChunks(cs, "cpu")
+    assert ResidentChunks(cs, "cpu", torch.float32).feats[30:70].eq(1e5).all()

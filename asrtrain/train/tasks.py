@@ -153,14 +153,14 @@ class FrameCETask(Task):
         args = (seed, rank, world, self.batch_size, self.block_utts, steps)
         if self.chunk_data == "stream":
             return prefetch(self.train_set.batches(*args))
-        return self.resident("train").batches(*args)
+        return self.resident("train", rank).batches(*args)
 
-    def resident(self, which: str) -> ResidentChunks:
+    def resident(self, which: str, rank: int = 0) -> ResidentChunks:
         """The ``train`` or ``dev`` set held on this learner's device, loaded at first use (not
         when the task is built: describing a run must not read every ark)."""
         if which not in self._resident:
             chunks = self.train_set if which == "train" else self.dev_set
-            self._resident[which] = ResidentChunks(chunks, self.device)
+            self._resident[which] = ResidentChunks(chunks, self.device, announce=rank == 0)
         return self._resident[which]
 
     @staticmethod
@@ -181,7 +181,7 @@ class FrameCETask(Task):
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, rank: int, world: int) -> dict[str, float]:
         loss = correct = frames = 0.0
-        dev = self.dev_set if self.chunk_data == "stream" else self.resident("dev")
+        dev = self.dev_set if self.chunk_data == "stream" else self.resident("dev", rank)
         for batch in dev.batches(None, rank, world, self.batch_size):
             batch_loss, logits, targets = self._forward(model, batch)
             mask = targets != IGNORE
