@@ -279,11 +279,13 @@ def plot(rows: list[dict], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for precision in dict.fromkeys(r["precision"] for r in rows):
+    for i, precision in enumerate(dict.fromkeys(r["precision"] for r in rows)):
         mine = [r for r in rows if r["precision"] == precision]
         x = [r["chunks"] for r in mine]
-        ax.plot(x, [r["model_only_fps"] for r in mine], "o--", label=f"model only, {precision}")
-        ax.plot(x, [r["end_to_end_fps"] for r in mine], "s-", label=f"end to end, {precision}")
+        ax.plot(x, [r["model_only_fps"] for r in mine], "o--", color=f"C{i}",
+                label=f"model only, {precision}")
+        ax.plot(x, [r["end_to_end_fps"] for r in mine], "s-", color=f"C{i}",
+                label=f"end to end, {precision}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("chunks per step (per learner)")
     ax.set_ylabel("frames/s per learner")
@@ -324,14 +326,15 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, nargs="+")
     ap.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"])
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--warmup-steps", type=int, help="model-only steps before timing")
     ap.add_argument("--steps", type=int, help="timed model-only steps")
     ap.add_argument("--end-to-end-steps", type=int, help="steps of the largest batch an epoch")
     ap.add_argument("--epochs", type=int, help="end-to-end epochs; the last is timed")
     ap.add_argument("--gossip-params", type=int, help="0: the model's parameters")
     args = ap.parse_args()
     s = Settings.quick() if args.quick else Settings()
-    for key in ("model", "pdfs", "chunks", "precisions", "device", "steps", "end_to_end_steps",
-                "epochs", "gossip_params"):
+    for key in ("model", "pdfs", "chunks", "precisions", "device", "warmup_steps", "steps",
+                "end_to_end_steps", "epochs", "gossip_params"):
         if getattr(args, key) is not None:
             setattr(s, key, getattr(args, key))
     run(s, args.out)

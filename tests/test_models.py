@@ -93,7 +93,8 @@ def _outputs_and_gradients(model: BLSTM, layout: str, feats: torch.Tensor,
     model.zero_grad()
     feats = feats.clone().requires_grad_(True)
     logits, _ = model(feats, lengths)
-    mask = (torch.arange(feats.shape[1]) < lengths[:, None]).unsqueeze(-1)
+    frames = torch.arange(feats.shape[1], device=feats.device)
+    mask = (frames < lengths.to(feats.device)[:, None]).unsqueeze(-1)
     (logits.tanh() * mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     return logits.detach(), {**grads, "input": feats.grad}
@@ -143,3 +144,33 @@ def test_parameter_layout_is_the_checkpoints_one() -> None:
     assert lstm_keys == {f"layers.{i}.{d}.{w}_l0" for i in range(2)
                          for d in ("forward_lstm", "backward_lstm")
                          for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lengths", [[21, 21, 21, 21], [21, 9, 17, 1]])
+def test_cuda_layouts_equal_the_cpu_padded_path(device: torch.device,
+                                                lengths: list[int]) -> None:
+    """On a GPU: chunks through cuDNN's bidirectional kernel, unequal lengths through a packed
+    sequence; both equal the CPU's padded path (to TF32/cuDNN rounding), with the weights read
+    in place (cuDNN warns when it must copy weights that are not one flat buffer)."""
+    import copy
+    import warnings
+
+    torch.manual_seed(0)
+    model = BLSTM(6, 11, layers=3, cells=8, bottleneck=5)
+    lengths_t = torch.tensor(lengths)
+    feats = torch.randn(len(lengths), 21, 6)
+    ref_logits, ref_grads = _outputs_and_gradients(model, "padded", feats, lengths_t)
+    gpu = copy.deepcopy(model).to(device)
+    layout = choose_layout(lengths_t, 21, device)
+    assert layout == ("bidirectional" if min(lengths) == 21 else "packed")
+    with warnings.catch_warnings():
+        # cuDNN's "RNN module weights are not part of single contiguous chunk of memory"
+        warnings.filterwarnings("error", message=".*single contiguous chunk.*")
+        logits, grads = _outputs_and_gradients(gpu, "auto", feats.to(device), lengths_t)
+        again = copy.deepcopy(gpu)  # the copy's weights are flattened anew on first use
+        again.layout = "auto"
+        torch.testing.assert_close(again(feats.to(device), lengths_t)[0], logits)
+    torch.testing.assert_close(logits.cpu(), ref_logits, rtol=2e-3, atol=2e-3)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name].cpu(), g, rtol=2e-3, atol=2e-3, msg=name)

@@ -128,3 +128,24 @@ def test_bf16_training_is_recorded_logged_and_kept_on_resume(exp: Path, tmp_path
     assert again["precision"] == "bf16"
     for k in first:
         torch.testing.assert_close(again["model"][k], first[k], rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+def test_bf16_on_cuda_is_close_to_fp32(device: torch.device) -> None:
+    """The same autocast on a GPU: cuDNN's bidirectional kernel in bf16, fp32 logits and
+    gradients, a loss close to fp32's."""
+    torch.manual_seed(0)
+    model = build_model({"layers": 2, "cells": 32, "bottleneck": 16}, 40, 50).to(device)
+    feats = torch.randn(64, 21, 40, device=device)
+    targets = torch.randint(0, 50, (64 * 21,), device=device)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        with autocast(device, precision):
+            logits, _ = model(feats, torch.full((64,), 21))
+            losses[precision] = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, 50), targets)
+        assert logits.dtype == losses[precision].dtype == torch.float32
+    losses["bf16"].backward()
+    assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+               for p in model.parameters())
+    assert float(losses["bf16"]) == pytest.approx(float(losses["fp32"]), rel=0.02)
