@@ -149,3 +149,24 @@ def test_bf16_on_cuda_is_close_to_fp32(device: torch.device) -> None:
     assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
                for p in model.parameters())
     assert float(losses["bf16"]) == pytest.approx(float(losses["fp32"]), rel=0.02)
+
+
+@pytest.mark.parametrize("stage", ["train", "train_hybrid"])
+def test_fp32_keeps_the_digests_of_runs_made_before_the_setting(stage: str) -> None:
+    """A recipe without trainer.precision (a run finished before it existed) and one with the
+    default fp32 have the same train stage settings, so upgrading retrains nothing; bf16
+    differs, and a dry run names it."""
+    import importlib
+
+    from asrtrain.recipe import compose_recipe
+
+    settings = importlib.import_module(f"asrtrain.stages.{stage}").STAGE.config
+
+    def values(*overrides: str) -> dict:
+        return settings(compose_recipe(REPO / "recipes" / "tiny", list(overrides)))
+
+    before = values("~trainer.precision")
+    assert "precision" not in before["trainer"]
+    assert values() == values("trainer.precision=fp32") == before
+    assert values("trainer.precision=bf16")["trainer"] == {**before["trainer"],
+                                                           "precision": "bf16"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths
@@ -16,6 +16,21 @@ def check_trainer(trainer: DictConfig) -> None:
     from asrtrain.train.config import TrainerConfig
 
     TrainerConfig.from_config(trainer)
+
+
+def trainer_settings(trainer: DictConfig) -> dict:
+    """The trainer settings in a train stage's digest. ``precision: fp32``, the only precision
+    before ``trainer.precision`` existed, is left out, so runs finished before it keep their
+    digests and are not retrained; any other precision is in."""
+    out = OmegaConf.to_container(trainer, resolve=True)
+    if out.get("precision") == "fp32":
+        del out["precision"]
+    return out
+
+
+def _settings(cfg: DictConfig) -> dict:
+    return {"model": OmegaConf.to_container(cfg.model, resolve=True),
+            "trainer": trainer_settings(cfg.trainer)}
 
 
 def final_model_damage(model_dir: Path) -> str | None:
@@ -50,7 +65,7 @@ def trainer_keys(section: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 IGNORED, RESUMABLE_KEYS = trainer_keys("trainer")
 
-STAGE = Stage("train", run, reads=("features", "lang"), config=("model", "trainer"),
+STAGE = Stage("train", run, reads=("features", "lang"), config=_settings,
               ignored=IGNORED, resumable=RESUMABLE_KEYS,
               check=lambda cfg: check_trainer(cfg.trainer), verify=_verify,
               doc="acoustic model training (CTC)")

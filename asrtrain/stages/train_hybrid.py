@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths
 from asrtrain.stages.align import final_alignments
-from asrtrain.stages.train import check_trainer, final_model_damage, trainer_keys
+from asrtrain.stages.train import check_trainer, final_model_damage, trainer_keys, trainer_settings
 
 
 def hybrid_config(cfg: DictConfig, paths: Paths) -> DictConfig:
@@ -50,7 +50,7 @@ def _verify(cfg: DictConfig, paths: Paths) -> str | None:
 def _settings(cfg: DictConfig) -> dict:
     """What the model depends on: the hybrid model and the trainer settings in effect."""
     return {"model": OmegaConf.to_container(cfg.hybrid.model, resolve=True),
-            "trainer": OmegaConf.to_container(_trainer(cfg), resolve=True)}
+            "trainer": trainer_settings(_trainer(cfg))}
 
 
 STAGE = Stage("train_hybrid", run, reads=("align", "features"), config=_settings,
