@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    load_before = os.getloadavg()[0]
     rows = []
     if args.exp is not None:
         rows += bench_set(f"{args.exp.name}:{args.set}", args.exp / "data" / args.set,
@@ -128,6 +129,7 @@ def main() -> None:
                           args.repeats)
     result = {"host": platform.node(), "cpus": os.cpu_count(), "torch_threads": 1,
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "batch_chunks": args.batch,
+              "load_average_1min": [load_before, os.getloadavg()[0]],  # other jobs' share
               "rows": rows}
     out = REPO / "bench" / "results" / "loader.json"
     out.parent.mkdir(parents=True, exist_ok=True)
