@@ -18,7 +18,8 @@ size (chunks per step) and precision (``trainer.precision``):
   CUDA also the device→host→device copies of that vector.
 
 Writes ``<out>/gpu.json`` (rows with ``device``, ``chunks``, ``precision``, ``model_only_fps``,
-``end_to_end_fps``, ``end_to_end_share``; the gossip figures; the settings) and ``<out>/gpu.png``.
+``end_to_end_fps``, ``end_to_end_share``, ``chunk_data``: the trainer's loader, resident or
+stream; the gossip figures; the settings) and ``<out>/gpu.png``.
 ``--quick`` runs on the CPU with a small model and small batches in well under 2 minutes (the
 test runs it); the full run uses CUDA when there is a GPU. End to end here means one learner:
 the gossip's cost is measured beside it, not inside the steps.
@@ -78,6 +79,7 @@ class Settings:
     utt_frames: int = 300       # 15 chunks of 21 frames each
     end_to_end_steps: int = 20  # steps of the largest batch in one epoch
     epochs: int = 2             # end to end; the last one is timed
+    chunk_data: list[str] = field(default_factory=lambda: ["resident"])  # trainer.chunk_data
     gossip_params: int = 0      # 0: the model's size
     gossip_rounds: int = 5
 
@@ -124,7 +126,7 @@ def write_task(root: Path, s: Settings, seed: int = 0) -> Path:
     return root
 
 
-def task_config(exp: Path, s: Settings, chunks: int, precision: str):
+def task_config(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str):
     """The config the train_hybrid stage would give the trainer for this task."""
     return OmegaConf.create({
         "exp_dir": str(exp), "train_dir": str(exp / "model"),
@@ -135,7 +137,8 @@ def task_config(exp: Path, s: Settings, chunks: int, precision: str):
                   "alignments": {"train": str(exp / "ali"), "dev": str(exp / "ali")}},
         "trainer": {"chunk": CHUNK, "batch_chunks": chunks, "precision": precision,
                     "optimizer": "sgd", "lr": 1e-3, "momentum": 0.9, "warmup_epochs": 0.0,
-                    "log_every": 1 << 30, "cpu": s.torch_device().type == "cpu"},
+                    "log_every": 1 << 30, "cpu": s.torch_device().type == "cpu",
+                    "chunk_data": chunk_data},
     })
 
 
@@ -171,10 +174,10 @@ def model_only_fps(task, model, optimizer, tcfg: TrainerConfig, chunks: int, s: 
     return chunks * CHUNK * s.steps / (time.perf_counter() - t0)
 
 
-def measure(exp: Path, s: Settings, chunks: int, precision: str) -> dict:
-    """One row: model-only and end-to-end frames/s of one batch size and precision."""
+def measure(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str) -> dict:
+    """One row: model-only and end-to-end frames/s of one batch size, precision and loader."""
     device = s.torch_device()
-    cfg = task_config(exp, s, chunks, precision)
+    cfg = task_config(exp, s, chunks, precision, chunk_data)
     tcfg = TrainerConfig.from_config(cfg.trainer)
     task = build_task(cfg)
     torch.manual_seed(tcfg.seed)
@@ -191,13 +194,14 @@ def measure(exp: Path, s: Settings, chunks: int, precision: str) -> dict:
         figures = _train_epoch(run, epoch, (epoch - 1) * per_epoch, per_epoch, schedule)
     e2e = figures.frames / figures.seconds
     row = {"device": device_name(device), "chunks": chunks, "precision": precision,
+           "chunk_data": chunk_data,
            "model_only_fps": round(only), "end_to_end_fps": round(e2e),
            "end_to_end_share": round(e2e / only, 3), "end_to_end_steps": figures.steps,
            "epoch_chunks": task.samples_per_epoch,
            "parameters": sum(p.numel() for p in model.parameters())}
-    print(f"{row['device']}: {chunks} chunks {precision}: model only {only:,.0f} frames/s, end "
-          f"to end {e2e:,.0f} frames/s ({e2e / only:.0%}) over {figures.steps} steps",
-          flush=True)
+    print(f"{row['device']}: {chunks} chunks {precision} ({chunk_data}): model only "
+          f"{only:,.0f} frames/s, end to end {e2e:,.0f} frames/s ({e2e / only:.0%}) over "
+          f"{figures.steps} steps", flush=True)
     return row
 
 
@@ -281,11 +285,14 @@ def plot(rows: list[dict], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, precision in enumerate(dict.fromkeys(r["precision"] for r in rows)):
         mine = [r for r in rows if r["precision"] == precision]
-        x = [r["chunks"] for r in mine]
-        ax.plot(x, [r["model_only_fps"] for r in mine], "o--", color=f"C{i}",
-                label=f"model only, {precision}")
-        ax.plot(x, [r["end_to_end_fps"] for r in mine], "s-", color=f"C{i}",
-                label=f"end to end, {precision}")
+        first = [r for r in mine if r["chunk_data"] == mine[0]["chunk_data"]]
+        ax.plot([r["chunks"] for r in first], [r["model_only_fps"] for r in first], "o--",
+                color=f"C{i}", label=f"model only, {precision}")
+        for data, style in zip(dict.fromkeys(r["chunk_data"] for r in mine), ("s-", "^:"),
+                               strict=False):
+            theirs = [r for r in mine if r["chunk_data"] == data]
+            ax.plot([r["chunks"] for r in theirs], [r["end_to_end_fps"] for r in theirs], style,
+                    color=f"C{i}", label=f"end to end ({data}), {precision}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("chunks per step (per learner)")
     ax.set_ylabel("frames/s per learner")
@@ -306,8 +313,8 @@ def run(s: Settings, out: Path) -> dict:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         exp = write_task(Path(tmp) / "exp", s)
-        rows = [measure(exp, s, chunks, precision) for precision in s.precisions
-                for chunks in s.chunks]
+        rows = [measure(exp, s, chunks, precision, data) for data in s.chunk_data
+                for precision in s.precisions for chunks in s.chunks]
     gossip = gossip_exchange(s.gossip_params or rows[0]["parameters"], s.gossip_rounds,
                              device)
     result = {"rows": rows, "gossip": gossip, "settings": asdict(s), "torch": torch.__version__}
@@ -326,6 +333,8 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, nargs="+")
     ap.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"])
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--chunk-data", nargs="+", choices=["resident", "stream"],
+                    help="the trainer's chunk loaders to time end to end")
     ap.add_argument("--warmup-steps", type=int, help="model-only steps before timing")
     ap.add_argument("--steps", type=int, help="timed model-only steps")
     ap.add_argument("--end-to-end-steps", type=int, help="steps of the largest batch an epoch")
@@ -334,7 +343,7 @@ def main() -> None:
     args = ap.parse_args()
     s = Settings.quick() if args.quick else Settings()
     for key in ("model", "pdfs", "chunks", "precisions", "device", "warmup_steps", "steps",
-                "end_to_end_steps", "epochs", "gossip_params"):
+                "end_to_end_steps", "epochs", "chunk_data", "gossip_params"):
         if getattr(args, key) is not None:
             setattr(s, key, getattr(args, key))
     run(s, args.out)

@@ -22,7 +22,7 @@ def test_quick_bench_writes_rows_gossip_and_png(tmp_path: Path) -> None:
     assert [(r["chunks"], r["precision"]) for r in rows] == [
         (8, "fp32"), (32, "fp32"), (8, "bf16"), (32, "bf16")]
     for r in rows:
-        assert r["device"].startswith("cpu")
+        assert r["device"].startswith("cpu") and r["chunk_data"] == "resident"
         assert r["model_only_fps"] > 0 and r["end_to_end_fps"] > 0
         assert abs(r["end_to_end_share"] - r["end_to_end_fps"] / r["model_only_fps"]) < 1e-2
         # the synthetic task holds at least 8 steps of the largest batch; one learner runs
