@@ -371,7 +371,6 @@ class Gossip:
                 torch.maximum(self.counts, counts, out=self.counts)
             self.exchanges += len(posted.exchanges)
 
-
     def _apply(self, delta: torch.Tensor) -> None:
         """Add a round's change to the model (AD-PSGD) or to the pending change (H-AD-PSGD).
 
