@@ -36,19 +36,39 @@ class GradientAllreduce:
 
     def __call__(self) -> None:
         for bucket in self.buckets:
-            # A parameter unused in this step has no gradient; it still takes part with zeros so
-            # that every learner reduces tensors of the same size.
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                              for p in bucket]).to(self.device)
+            flat = flatten_grads(bucket).to(self.device)
             work = dist.all_reduce(flat, group=self.group, async_op=True)
             self.comm.wait(work, "gradient allreduce")
-            flat /= self.size
-            offset = 0
-            for p in bucket:
-                n = p.numel()
-                g = flat[offset : offset + n].view_as(p).to(p.device)
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
-                offset += n
+            set_grads_(bucket, mean_of_sum_(flat, self.size))
+
+
+# The arithmetic of a gradient allreduce as plain functions: GradientAllreduce and the cluster
+# simulator (asrtrain.simulate) both call them, so the two cannot drift apart.
+
+
+def flatten_grads(params: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients of ``params`` as one flat tensor (a copy). A parameter unused in this step
+    has no gradient; it still takes part with zeros so that every learner reduces tensors of the
+    same size."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params])
+
+
+def mean_of_sum_(flat: torch.Tensor, size: int) -> torch.Tensor:
+    """The mean of ``size`` learners' gradients from their sum (the allreduce's result), in
+    place."""
+    flat /= size
+    return flat
+
+
+def set_grads_(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Give ``params`` the gradients in ``flat`` (split to their shapes)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        g = flat[offset : offset + n].view_as(p).to(p.device)
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+        offset += n

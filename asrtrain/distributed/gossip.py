@@ -353,17 +353,17 @@ class Gossip:
     def _finish(self, posted: _Posted) -> None:
         start, waited = time.perf_counter(), self.seconds["wait"]
         n = len(self.ranks)
-        delta = self.wire.buffer("delta", self.numel, self.dtype).zero_()
-        diff = self.wire.buffer("diff", self.numel, self.dtype)
+        received = []
         counts = None
         for peer, works, recv in posted.exchanges:
             self._wait(peer, works)
-            delta += torch.sub(recv[8 * n :].view(self.dtype), posted.snapshot, out=diff)
+            received.append(recv[8 * n :].view(self.dtype))
             c = recv[: 8 * n].view(torch.int64).cpu()
             counts = c.clone() if counts is None else torch.maximum(counts, c)
         if posted.exchanges:
-            delta *= self.schedule.weight
-            self._apply(delta)
+            self._apply(gossip_change(posted.snapshot, received, self.schedule.weight,
+                                      out=self.wire.buffer("delta", self.numel, self.dtype),
+                                      scratch=self.wire.buffer("diff", self.numel, self.dtype)))
         self.seconds["apply"] += time.perf_counter() - start - (self.seconds["wait"] - waited)
         with self.cond:
             if counts is not None:
@@ -387,6 +387,21 @@ class Gossip:
                 self.pending += delta
                 self.has_pending = True
         self.streams.synchronize()  # the buffers may go; the thread is idle only when done
+
+
+def gossip_change(snapshot: torch.Tensor, received: list[torch.Tensor], weight: float,
+                  out: torch.Tensor | None = None,
+                  scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """``w * sum_j (x_j^(r) - x_i^(r))``: the change one round makes to a member whose model was
+    ``snapshot`` when the round started, from its partners' models of then (``received``, in
+    the schedule's phase order). The one place this arithmetic lives: the gossip thread and the
+    cluster simulator (:mod:`asrtrain.simulate`) both call it, so they cannot drift apart.
+    ``out`` and ``scratch`` are reused buffers (allocated when None)."""
+    delta = out.zero_() if out is not None else torch.zeros_like(snapshot)
+    for x in received:
+        delta += torch.sub(x, snapshot, out=scratch) if scratch is not None else x - snapshot
+    delta *= weight
+    return delta
 
 
 class _PeerError(Exception):
