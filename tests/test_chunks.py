@@ -21,6 +21,17 @@ def test_chunk_starts_cover_every_frame(n: int, starts: list[int]) -> None:
     assert covered == set(range(n))
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 21])
+def test_chunk_table_lays_chunks_out_as_chunk_starts(tmp_path: Path, chunk: int) -> None:
+    lengths = [1, 2, 3, 4, 5, 8, 9, 20, 21, 22, 41, 42, 43, 63, 64, 100]
+    cs = ChunkSet(*_tagged(tmp_path, lengths), chunk=chunk)
+    utt, start, length = cs.chunk_table()
+    want = [(i, s, min(chunk, cs.num_frames[u] - s)) for i, u in enumerate(cs.utts)
+            for s in chunk_starts(cs.num_frames[u], chunk)]
+    assert list(zip(utt.tolist(), start.tolist(), length.tolist(), strict=True)) == want
+    assert len(cs) == len(want)
+
+
 def _tagged(tmp_path: Path, lengths: list[int]) -> tuple[Path, Path]:
     """A data dir whose feature rows say (utterance, frame), and alignments that say the same."""
     data, ali = tmp_path / "data", tmp_path / "ali"

@@ -100,7 +100,7 @@ class ChunkSet:
         self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return sum(len(chunk_starts(n, self.chunk)) for n in self.num_frames.values())
+        return len(self.chunk_table()[0])
 
     def load(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
         feats = self.reader[utt]
@@ -134,8 +134,10 @@ class ChunkSet:
 
     def steps(self, seed: int | None, world: int, batch_size: int) -> int:
         """Steps every learner runs this epoch: the smallest shard's full batches."""
-        counts = [sum(len(chunk_starts(self.num_frames[u], self.chunk))
-                      for u in self.shard(seed, r, world)) for r in range(world)]
+        first = self._first_chunk()
+        index = self._index()
+        counts = [sum(first[index[u] + 1] - first[index[u]] for u in self.shard(seed, r, world))
+                  for r in range(world)]
         steps = min(counts) // batch_size
         if steps == 0:
             raise AsrtrainError(f"{self.data_dir}: a learner's share has {min(counts)} chunks, "
@@ -144,17 +146,18 @@ class ChunkSet:
 
     def chunk_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every chunk of the set, numbered utterance by utterance in ``self.utts`` order:
-        (utterance index, start frame, frames) per chunk, from ``utt2num_frames``."""
+        (utterance index, start frame, frames) per chunk, from ``utt2num_frames``, laid out as
+        :func:`chunk_starts` lays them (computed for all utterances at once: SWB-2000 has
+        tens of millions of chunks)."""
         if self._table is None:
-            utt, start, length = [], [], []
-            for i, u in enumerate(self.utts):
-                n = self.num_frames[u]
-                for s in chunk_starts(n, self.chunk):
-                    utt.append(i)
-                    start.append(s)
-                    length.append(min(self.chunk, n - s))
-            self._table = (np.asarray(utt, dtype=np.int64), np.asarray(start, dtype=np.int64),
-                           np.asarray(length, dtype=np.int64))
+            c = self.chunk
+            n = np.asarray([self.num_frames[u] for u in self.utts], dtype=np.int64)
+            full = np.where(n > c, (n - c) // c + 1, 1)  # chunks starting at multiples of c
+            count = full + (full * c < n)                # and one ending on the last frame
+            utt = np.repeat(np.arange(len(n)), count)
+            k = np.arange(len(utt)) - np.repeat(np.cumsum(count) - count, count)
+            start = np.where(k < full[utt], k * c, n[utt] - c)
+            self._table = (utt, start, np.minimum(c, n[utt] - start))
         return self._table
 
     def plan(self, seed: int | None, rank: int, world: int, batch_size: int,
