@@ -140,13 +140,25 @@ def test_memory_per_frame_and_refusal(chunk_data) -> None:
     cs = ChunkSet(*chunk_data, chunk=21)
     rc = ResidentChunks(cs, "cpu")
     assert rc.dtype == torch.float16
-    assert rc.bytes_per_frame == bytes_per_frame(6, torch.float16, 21) == 6 * 2 + 4 + 24 / 21
+    assert rc.bytes_per_frame == bytes_per_frame(6, torch.float16, 21) == 6 * 2 + 4 + 32 / 21
     assert rc.nbytes == int((sum(LENGTHS) + 1) * rc.bytes_per_frame)
     assert rc.store_device == torch.device("cpu")
     with pytest.raises(AsrtrainError, match=r"data: 0\.00 GiB of resident chunk data do not fit "
                                             r"in 70% of the 0\.00 GiB .*trainer.chunk_data=stream"):
         ResidentChunks(cs, "cpu", host_bytes=rc.nbytes)
     assert place(100, torch.device("cpu"), "x", host_bytes=1000) == (torch.device("cpu"), False)
+
+
+def test_placement_on_a_gpu_by_its_free_memory() -> None:
+    """The decision a GPU learner takes (its free memory given, so it runs without a GPU):
+    the GPU while half its free memory holds the store, then pinned host memory, then no."""
+    gpu, cpu, gib = torch.device("cuda", 1), torch.device("cpu"), 1 << 30
+    assert place(39 * gib, gpu, "x", host_bytes=100 * gib, gpu_free=80 * gib) == (gpu, False)
+    assert place(41 * gib, gpu, "x", host_bytes=100 * gib, gpu_free=80 * gib) == (cpu, True)
+    with pytest.raises(AsrtrainError, match=r"^data/train: 71\.00 GiB of resident chunk data do "
+                                            r"not fit in 50% of the 80\.00 GiB free on cuda:1, "
+                                            r"nor in 70% of the 100\.00 GiB of available host"):
+        place(71 * gib, gpu, "data/train", host_bytes=100 * gib, gpu_free=80 * gib)
 
 
 def test_bad_data_names_file_and_utterance(tmp_path: Path) -> None:

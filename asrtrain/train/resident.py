@@ -66,21 +66,22 @@ def host_available_bytes() -> int:
 
 def bytes_per_frame(raw_dim: int, dtype: torch.dtype, chunk: int) -> float:
     """What the store holds per frame: the raw dimensions, an int32 pdf id, and per chunk
-    three int64 indices (first frame, utterance start, utterance end) spread over its frames."""
-    return raw_dim * torch.empty((), dtype=dtype).element_size() + 4 + 3 * 8 / chunk
+    four int64s (first frame, utterance start and end, frames) spread over its frames."""
+    return raw_dim * torch.empty((), dtype=dtype).element_size() + 4 + 4 * 8 / chunk
 
 
-def place(nbytes: int, device: torch.device, what: str,
-          host_bytes: int | None = None) -> tuple[torch.device, bool]:
+def place(nbytes: int, device: torch.device, what: str, host_bytes: int | None = None,
+          gpu_free: int | None = None) -> tuple[torch.device, bool]:
     """Where a store of ``nbytes`` goes for a learner on ``device``: (store device, pinned).
 
-    The GPU when it fits in :data:`GPU_SHARE` of its free memory, else pinned host memory, when
-    that fits in :data:`HOST_SHARE` of the available host memory (``host_bytes``: that figure,
-    else measured); else one error line with the figures.
+    The GPU when it fits in :data:`GPU_SHARE` of its free memory (``gpu_free``: that figure,
+    else measured), else pinned host memory, when that fits in :data:`HOST_SHARE` of the
+    available host memory (``host_bytes``: that figure, else measured); else one error line with
+    the figures.
     """
     gib = 1 << 30
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free = torch.cuda.mem_get_info(device)[0] if gpu_free is None else gpu_free
         if nbytes <= GPU_SHARE * free:
             return device, False
     host = host_available_bytes() if host_bytes is None else host_bytes
