@@ -149,7 +149,7 @@ class ResidentChunks:
         feats[n] = 0
         targets[n] = IGNORE
         shift, scale, speaker = self._cmvn()
-        offset, mats, alis, spks = 0, [], [], []
+        offset, held, mats, alis, spks = 0, 0, [], [], []
         utts = self.chunks.utts
         for i, utt in enumerate(tqdm(utts, desc="loading chunk data", unit="utt", disable=None,
                                      leave=False)):
@@ -157,13 +157,14 @@ class ResidentChunks:
             mats.append(mat)
             alis.append(ali)
             spks.append(speaker[utt])
-            if sum(len(a) for a in alis) >= LOAD_FRAMES or i == len(utts) - 1:
+            held += len(ali)
+            if held >= LOAD_FRAMES or i == len(utts) - 1:
                 x = self._normalise(mats, spks, shift, scale)
                 self._check_range(x, utt)
                 feats[offset: offset + len(x)] = x.to(on, self.dtype)
                 targets[offset: offset + len(x)] = torch.from_numpy(np.concatenate(alis)).to(on)
                 offset += len(x)
-                mats, alis, spks = [], [], []
+                held, mats, alis, spks = 0, [], [], []
         return feats, targets
 
     def _check_range(self, x: torch.Tensor, last: str) -> None:
