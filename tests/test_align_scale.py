@@ -143,6 +143,19 @@ def test_cached_graphs_give_the_alignments_of_compiling_afresh(setup) -> None:
     assert cached.loglike_per_frame == fresh.loglike_per_frame
 
 
+def test_a_full_graph_cache_compiles_afresh_with_the_same_alignments(setup) -> None:
+    lang, model, utts = setup
+    cfg = {"batch_frames": 3000}
+    small = GraphCache(max_mb=0.2)
+    a = align(model, lang, utts, cfg, small)
+    kept = len(small.graphs)
+    assert 0 < kept < len(utts) and small.bytes <= 0.2 * 2 ** 20
+    b = align(model, lang, utts, cfg, small)
+    assert small.compiled == 2 * len(utts) - kept   # only the ones it could not keep, again
+    for k in a.pdf:
+        np.testing.assert_array_equal(a.pdf[k], b.pdf[k])
+
+
 def test_nj2_gives_the_alignments_of_nj1(setup) -> None:
     lang, model, utts = setup
     one = align(model, lang, utts, {"nj": 1, "batch_frames": 3000})

@@ -139,24 +139,31 @@ class DiagGmmSet:
         return torch.cat(out) if out else x.new_zeros(0, self.num_pdfs, dtype=dtype)
 
     def pdf_loglikes(self, x: torch.Tensor, pdfs: torch.Tensor, max_batch_mb: float = 256.0,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     dtype: torch.dtype = torch.float32, groups: int = 4) -> torch.Tensor:
         """``[N, len(pdfs)]`` log-likelihoods of the given pdfs only (an utterance's training
         graph holds a few hundred of the model's thousands): the components of those pdfs are
-        gathered, padded to the largest count among them, and scored in blocks of frames whose
-        ``[frames, components]`` work tensors stay within ``max_batch_mb`` -- memory depends on
-        the utterance's pdfs, not on the model's size."""
-        w_all, g_all, live = self._sparse_tables(dtype)
+        gathered and scored in blocks of frames whose ``[frames, components]`` work tensors stay
+        within ``max_batch_mb`` -- memory depends on the utterance's pdfs, not on the model's
+        size.  The pdfs go in up to ``groups`` groups of similar component counts, each padded
+        to its own largest count (one padding to the overall largest wastes about half)."""
+        w_all, g_all, used = self._sparse_tables(dtype)
         pdfs = pdfs.to(w_all.device)
-        m = max(int(live[pdfs].max()), 1) if len(pdfs) else 1
-        w = w_all[pdfs, :m].reshape(-1, w_all.shape[-1]).T.contiguous()   # [2D, P_u * m]
-        g = g_all[pdfs, :m].reshape(-1)
-        block = _frames_per_block(w.shape[1] * 3, dtype, max_batch_mb)
-        out = []
-        for i in range(0, x.shape[0], block):
-            xb = x[i:i + block].to(dtype)
-            ll = torch.addmm(g, torch.cat([xb, xb * xb], dim=1), w)       # [n, P_u * m]
-            out.append(torch.logsumexp(ll.view(ll.shape[0], len(pdfs), m), dim=-1))
-        return torch.cat(out) if out else x.new_zeros(0, len(pdfs), dtype=dtype)
+        out = x.new_empty(x.shape[0], len(pdfs), dtype=dtype)
+        if not len(pdfs):
+            return out
+        counts = used[pdfs]
+        order = torch.argsort(counts, stable=True)
+        for part in torch.tensor_split(order, min(groups, len(pdfs))):
+            m = max(int(counts[part[-1]]), 1)
+            sel = pdfs[part]
+            w = w_all[sel, :m].reshape(-1, w_all.shape[-1]).T.contiguous()  # [2D, n_pdf * m]
+            g = g_all[sel, :m].reshape(-1)
+            block = _frames_per_block(w.shape[1] * 3, dtype, max_batch_mb)
+            for i in range(0, x.shape[0], block):
+                xb = x[i:i + block].to(dtype)
+                ll = torch.addmm(g, torch.cat([xb, xb * xb], dim=1), w)    # [n, n_pdf * m]
+                out[i:i + block, part] = torch.logsumexp(ll.view(ll.shape[0], len(sel), m), -1)
+        return out
 
     # ---------------------------------------------------------------- training
     def zero_stats(self) -> GmmStats:
@@ -165,11 +172,30 @@ class DiagGmmSet:
         return GmmStats(torch.zeros(p, m, **z), torch.zeros(p, m, d, **z),
                         torch.zeros(p, m, d, **z))
 
-    def accumulate(self, x: torch.Tensor, pdf: torch.Tensor, stats: GmmStats) -> None:
-        """Add frames ``x`` ``[N, D]`` aligned to ``pdf`` ``[N]`` (component posteriors soft)."""
+    def accumulate(self, x: torch.Tensor, pdf: torch.Tensor, stats: GmmStats,
+                   groups: int = 4) -> None:
+        """Add frames ``x`` ``[N, D]`` aligned to ``pdf`` ``[N]`` (component posteriors soft).
+        The frames go in up to ``groups`` groups by their pdf's component count, each scored
+        up to its own largest count (slots past a pdf's last component would add exact zeros);
+        a pdf's frames are all in one group, in order, so every sum is made as in one pass."""
         x = x.to(self.means.dtype)
-        # slots past the last live component of these pdfs would add exact zeros: left out
-        m = max(int(self._used()[pdf].max()), 1) if len(pdf) else 1
+        counts = self._used()[pdf]
+        tot = torch.zeros(len(pdf), dtype=x.dtype, device=x.device)
+        bounds = torch.quantile(counts.double(), torch.linspace(0, 1, groups + 1,
+                                dtype=torch.float64, device=x.device)[1:-1]) if len(pdf) else []
+        lo = -1
+        for hi in [*(int(b) for b in bounds), int(counts.max()) if len(pdf) else 0]:
+            sel = torch.nonzero((counts > lo) & (counts <= hi)).flatten()
+            if len(sel):
+                tot[sel] = self._accumulate_group(x[sel], pdf[sel], max(hi, 1), stats)
+            lo = max(lo, hi)
+        stats.loglike += float(tot.sum())
+        stats.frames += x.shape[0]
+
+    def _accumulate_group(self, x: torch.Tensor, pdf: torch.Tensor, m: int,
+                          stats: GmmStats) -> torch.Tensor:
+        """:meth:`accumulate` for frames whose pdfs have at most ``m`` components; returns
+        each frame's log-likelihood."""
         var = self.vars[pdf, :m]
         inv = 1.0 / var                                     # [N, m, D]
         diff = x[:, None, :] - self.means[pdf, :m]
@@ -180,8 +206,7 @@ class DiagGmmSet:
         stats.occ[:, :m].index_add_(0, pdf, post)
         stats.sx[:, :m].index_add_(0, pdf, post[:, :, None] * x[:, None, :])
         stats.sxx[:, :m].index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
-        stats.loglike += float(tot.sum())
-        stats.frames += x.shape[0]
+        return tot
 
     def update(self, stats: GmmStats, var_floor: torch.Tensor,
                min_gaussian_occupancy: float = 10.0) -> None:

@@ -197,16 +197,24 @@ class GraphCache:
     """Training graphs compiled once per utterance and reused by every alignment of a pass (as
     Kaldi's ``fsts.*.gz``): the structure depends on the lexicon, the transcript and the tree
     only; transition log weights are applied at alignment time (:meth:`HmmGraph.reweighted`),
-    so re-estimated transitions need no recompile.  A different tree empties the cache."""
+    so re-estimated transitions need no recompile.  A different tree empties the cache.
 
-    def __init__(self) -> None:
+    Memory is bounded by ``max_mb`` (about 150 bytes per frame of speech on the tiny corpus's
+    triphone graphs): past it, graphs are compiled afresh each time, which costs about 4 us per
+    frame against the tens of microseconds of aligning it, so a corpus too big to keep is slower
+    by a few percent, not out of memory.  Not kept on disk: a graph is valid for one tree, i.e.
+    one pass, and compiling it again is cheaper than writing and reading it."""
+
+    def __init__(self, max_mb: float = 4096.0) -> None:
+        self.max_bytes = max_mb * 2 ** 20
         self.tree: Tree | None = None
         self.graphs: dict[str, HmmGraph] = {}
+        self.bytes = 0
         self.compiled = 0     # graphs compiled (not found here), for the log and the tests
 
     def for_tree(self, tree: Tree) -> GraphCache:
         if self.tree is not tree:
-            self.tree, self.graphs = tree, {}
+            self.tree, self.graphs, self.bytes = tree, {}, 0
         return self
 
     def get(self, lang: Lang, u: Utterance, scaled: dict[int, np.ndarray]) -> HmmGraph:
@@ -216,9 +224,16 @@ class GraphCache:
             # the same whatever the probabilities
             g = hmm_graph(lang, phone_graph(lang, u.words), self.tree.pdf, scaled,
                           scaled=scaled)
-            self.graphs[u.utt] = g
             self.compiled += 1
+            self.keep(u.utt, g)
         return g
+
+    def keep(self, utt: str, g: HmmGraph) -> None:
+        """Store ``g`` unless the cache is full."""
+        size = sum(v.nbytes for v in vars(g).values() if isinstance(v, np.ndarray))
+        if self.bytes + size <= self.max_bytes and utt not in self.graphs:
+            self.graphs[utt] = g
+            self.bytes += size
 
 
 @dataclass
@@ -231,6 +246,7 @@ class _ShardResult:
     failed: dict[str, str]
     acoustic: dict[str, float]
     graphs: dict[str, HmmGraph]
+    compiled: int = 0
 
 
 def align_graphs(gmm: DiagGmmSet, graphs: list[HmmGraph], feats: list[torch.Tensor],
@@ -254,7 +270,7 @@ def _align_shard(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: M
     scaled = scale_transitions(model.log_trans, cfg.get("self_loop_scale", 0.1),
                                cfg.get("transition_scale", 1.0))
     table = transition_table(scaled).table
-    known = set(cache.graphs)
+    known, compiled = set(cache.graphs), cache.compiled
     out = _ShardResult({}, {}, {}, {}, {}, {})
 
     def run(batch: list[Utterance]) -> None:
@@ -284,6 +300,7 @@ def _align_shard(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: M
     if batch:
         run(batch)
     out.graphs = {k: g for k, g in cache.graphs.items() if k not in known}
+    out.compiled = cache.compiled - compiled
     return out
 
 
@@ -304,15 +321,16 @@ def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg
     copying, and return the alignments and the graphs they compiled (kept for the next call).
     Each job's memory is one batch (``batch_frames``, ``max_batch_mb``) plus its graphs."""
     order = sorted(utts, key=lambda u: (len(u.feats), u.utt))
-    num_shards = min(len(order), nj * 4)
+    num_shards = min(len(order), nj)   # one per job: batches as full as with one process
     _SHARED.update(model=model, lang=lang, cfg=cfg, cache=cache,
                    shards=[order[i::num_shards] for i in range(num_shards)])
     parts = []
     try:
         with mp.get_context("fork").Pool(nj) as pool:
             for part in pool.imap_unordered(_shard_job, range(num_shards)):
-                cache.graphs.update(part.graphs)
-                cache.compiled += len(part.graphs)
+                for utt, g in part.graphs.items():
+                    cache.keep(utt, g)
+                cache.compiled += part.compiled
                 parts.append(part)
                 bar.update(len(part.acoustic) + len(part.failed))
     finally:

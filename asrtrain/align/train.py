@@ -79,6 +79,7 @@ class GmmConfig:
     max_batch_mb: float = 256.0          # likelihood work tensors of one block of frames
     device: str = "cpu"                  # cpu | cuda[:N]: where likelihoods and Viterbi run
     nj: int = 1                          # parallel alignment jobs on the CPU (the pipeline's nj)
+    graph_cache_mb: float = 4096.0       # training graphs kept for the pass's realignments
 
     @classmethod
     def from_config(cls, cfg: Mapping | None, **defaults) -> GmmConfig:
@@ -183,6 +184,8 @@ def _train_iters(model: AcousticModel, lang: Lang, utts: list[Utterance],
     bar.update()
     bar.close()
     check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} final alignment")
+    plog(f"training graphs: {graphs.compiled} compiled for {len(utts)} utterances, "
+         f"{len(graphs.graphs)} kept ({graphs.bytes / 2 ** 20:.1f} MB)")
     plog.record(cfg.num_iters + 1, res, res.loglike_per_frame, res.frames, res.seconds,
                 model.gmm.num_gauss())
     return res
@@ -231,7 +234,8 @@ def train_mono(data_dir: Path, lang_dir: Path, out_dir: Path,
     plog.record(0, None, stats.loglike / max(stats.frames, 1), stats.frames, time.time() - t0,
                 model.gmm.num_gauss())
 
-    res = _train_iters(model, lang, utts, phone_state, c, c.totgauss, plog, GraphCache())
+    res = _train_iters(model, lang, utts, phone_state, c, c.totgauss, plog,
+                       GraphCache(c.graph_cache_mb))
     summary = {"kind": "mono", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
                "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
                "final_loglike_per_frame": res.loglike_per_frame}
@@ -294,7 +298,8 @@ def train_tri(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
     model = AcousticModel(tree, gmm, log_trans, c.delta_order, var_floor)
     plog(f"tree built and model initialized in {time.time() - t0:.1f} s")
     res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
-                       c, c.num_gauss, plog, GraphCache())
+                       c, c.num_gauss, plog,
+                       GraphCache(c.graph_cache_mb))
     summary = {"kind": "tri", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
                "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
                "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum}
