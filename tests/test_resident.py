@@ -225,3 +225,15 @@ def test_values_beyond_fp16_are_refused(tmp_path: Path) -> None:
                                             r"\) overflow float16 storage"):
         ResidentChunks(cs, "cpu")
     assert ResidentChunks(cs, "cpu", torch.float32).feats[30:70].eq(1e5).all()
+
+
+def test_loading_in_blocks_gives_the_same_store(chunk_data, monkeypatch) -> None:
+    """Sets bigger than one load block (1M frames) are read and normalised block by block."""
+    import asrtrain.train.resident as resident
+
+    cs = ChunkSet(*chunk_data, chunk=21, norm_vars=True)
+    whole = ResidentChunks(cs, "cpu", torch.float32)
+    monkeypatch.setattr(resident, "LOAD_FRAMES", 50)
+    blocks = ResidentChunks(cs, "cpu", torch.float32)
+    assert torch.equal(blocks.feats, whole.feats) and torch.equal(blocks.targets, whole.targets)
+    assert whole.feats.shape == (sum(LENGTHS) + 1, 6) and (whole.feats[-1] == 0).all()
