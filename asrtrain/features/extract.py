@@ -7,13 +7,15 @@ Utterances are split over ``nj`` processes by recording, so each recording is re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import multiprocessing as mp
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import kaldiio
@@ -24,7 +26,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_table, write_table
 from asrtrain.features.transform import cmvn_stats
-from asrtrain.fileio import atomic_ark
+from asrtrain.fileio import atomic_ark, write_text
 
 log = logging.getLogger(__name__)
 
@@ -75,78 +77,211 @@ def _utt_seed(utt: str) -> int:
     return int.from_bytes(hashlib.sha1(utt.encode()).digest()[:4], "little")
 
 
-def _extract_job(args: tuple) -> tuple[int, int, float]:
-    """One parallel job: extract the features of a subset of the data dir into one ark."""
+#: Seconds of audio that pay for one more worker process: a spawned worker spends seconds
+#: importing torch and torchaudio (4.2 s measured here, 2 busy cores), while one process makes
+#: the tiny corpus's 19 minutes of fbank in 2.2 s; below an hour per worker, fewer workers win.
+AUDIO_PER_WORKER_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Output:
+    """One kind of features made in the audio pass: its options and the name of the data dir
+    its arks are for (``raw_<kind>_<name>[.<tag>].<job>.ark``). The arks made for another
+    stage's data dir carry their pass key as ``tag``: that stage may still point at the arks of
+    an earlier key, which must not change under it."""
+
+    opts: FeatureOptions
+    name: str
+    tag: str = ""
+
+    def ark(self, feats_dir: Path, job: int) -> str:
+        tag = f".{self.tag}" if self.tag else ""
+        return str(feats_dir / f"raw_{self.opts.kind}_{self.name}{tag}.{job}.ark")
+
+    def record(self, feats_dir: Path) -> Path:
+        """The pass record of tagged arks: their key and their scps (``finish_pass``)."""
+        return feats_dir / f"raw_{self.opts.kind}_{self.name}.{self.tag}.json"
+
+
+def _extract_job(args: tuple) -> tuple[int, list[int], float]:
+    """One parallel job: decode the audio of a subset of the data dir once and extract every
+    output's features from it, each into its own ark."""
     from asrtrain.data.audio import iter_utterances
 
-    data, opts, ark, job, show_progress = args
+    data, outputs, job, show_progress = args
+    opts = outputs[0][0]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    frames = 0
+    frames = [0] * len(outputs)
     t0 = time.time()
     bar = tqdm(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
-               disable=None if show_progress else True, leave=False)
-    with atomic_ark(ark, f"{ark[:-4]}.scp") as writer:
-        for utt, samples in iter_utterances(data, opts.sample_rate, resample=opts.resample):
-            m = extract(samples, opts, _utt_seed(utt))
-            if m.shape[0] == 0:
-                raise AsrtrainError(f"utterance {utt}: too short for one frame "
-                                    f"({len(samples)} samples)")
-            writer(utt, m)
-            frames += m.shape[0]
-            bar.update()
-    bar.close()
+               disable=None if show_progress else True, leave=False, file=sys.stderr)
+    try:
+        with contextlib.ExitStack() as stack:
+            writers = [stack.enter_context(atomic_ark(ark, f"{ark[:-4]}.scp"))
+                       for _, ark in outputs]
+            for utt, samples in iter_utterances(data, opts.sample_rate, resample=opts.resample):
+                for k, ((o, _), writer) in enumerate(zip(outputs, writers, strict=True)):
+                    m = extract(samples, o, _utt_seed(utt))
+                    if m.shape[0] == 0:
+                        raise AsrtrainError(f"utterance {utt}: too short for one frame "
+                                            f"({len(samples)} samples)")
+                    writer(utt, m)
+                    frames[k] += m.shape[0]
+                bar.update()
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
     return job, frames, time.time() - t0
 
 
+def audio_seconds(data: DataDir) -> float:
+    """The data dir's seconds of audio: exact with segments, else estimated from the audio
+    files' sizes (8-bit 8 kHz as the slowest case; a piped command counts as a minute). Only
+    used to choose the number of worker processes."""
+    if data.segments:
+        return sum(max(0.0, s.end - s.start) for s in data.segments.values())
+    total = 0.0
+    for spec in data.wav.values():
+        path = Path(spec.split()[0]) if not spec.rstrip().endswith("|") else None
+        total += path.stat().st_size / 8000 if path is not None and path.is_file() else 60.0
+    return total
+
+
 def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | Path,
-                     opts: FeatureOptions, nj: int = 2) -> dict[str, float]:
+                     opts: FeatureOptions, nj: int = 2, *,
+                     extra: Sequence[tuple[FeatureOptions, str]] = (),
+                     audio_per_worker: float = AUDIO_PER_WORKER_S) -> dict[str, float]:
     """Extract features for every utterance of one or more data dirs; return throughput figures.
 
-    All data dirs share one pool of ``nj`` worker processes (starting one costs seconds).
+    ``extra``: other kinds of features made in the same audio pass, as ``(options, suffix)``:
+    their arks are written for the data dir ``<name><suffix>`` with a pass record, and a later
+    ``finish_pass`` turns them into that data dir's tables (so ``mfcc`` needs no second decode
+    of the audio). All data dirs share one pool of at most ``nj`` worker processes, and no more
+    than one per ``audio_per_worker`` seconds of audio: a worker costs seconds to start, and
+    a small set is done sooner in this process.
     """
     dirs = [Path(d) for d in (data_dirs if isinstance(data_dirs, list) else [data_dirs])]
+    for o, _ in extra:
+        if (o.sample_rate, o.resample) != (opts.sample_rate, opts.resample):
+            raise AsrtrainError(f"{o.kind} at {o.sample_rate} Hz (resample {o.resample}) cannot "
+                                f"share the audio pass of {opts.kind} at {opts.sample_rate} Hz "
+                                f"(resample {opts.resample})")
     feats_dir = Path(feats_dir).resolve()
     feats_dir.mkdir(parents=True, exist_ok=True)
     plans = [(d, DataDir.read(d)) for d in dirs]
-    jobs = []
-    for data_dir, data in plans:
-        # Split by audio file, so that each job decodes each of its files once (both sides of
-        # a conversation, recordings sw02001-A and sw02001-B, go to the same job).
-        file_of = {u: _audio_file(data, u) for u in data.utts}
-        files = sorted(set(file_of.values()))
-        for j in range(max(1, min(nj, len(files)))):
-            mine = set(files[j::nj])
-            utts = [u for u in data.utts if file_of[u] in mine]
-            ark = str(feats_dir / f"raw_{opts.kind}_{data_dir.name}.{j + 1}.ark")
-            jobs.append((data.subset(utts), opts, ark, j + 1, False))
+    outputs = {d: [Output(opts, d.name)] + [Output(o, d.name + sfx, pass_key(data, o))
+                                            for o, sfx in extra]
+               for d, data in plans}
+    for out in (o for outs in outputs.values() for o in outs if o.tag):
+        out.record(feats_dir).unlink(missing_ok=True)   # the arks are about to change
+    seconds = sum(audio_seconds(data) for _, data in plans)
+    workers = max(1, min(nj, int(seconds // max(audio_per_worker, 1e-9))))
+    jobs_of = {d: _plan_jobs(data, outputs[d], feats_dir, workers) for d, data in plans}
+    jobs = [job for d, _ in plans for job in jobs_of[d]]
+    workers = min(workers, len(jobs))
     t0 = time.time()
-    workers = max(1, min(nj, len(jobs)))
-    if workers == 1:
-        results = [_extract_job(job) for job in jobs]
-    else:
-        with mp.get_context("spawn").Pool(workers) as pool:
-            results = []
-            with tqdm(total=len(jobs), desc=f"{opts.kind} jobs", unit="job", file=sys.stderr,
-                      disable=None, leave=False) as bar:
-                for r in pool.imap_unordered(_extract_job, jobs):
-                    results.append(r)
-                    bar.update()
-            # Let the workers exit on their own: leaving the block terminates them, and a worker
-            # killed so never unlinks the named semaphore tqdm made in it (resource_tracker's
-            # "leaked semaphore" warning at exit).
-            pool.close()
-            pool.join()
+    results = _run_jobs(jobs, workers, opts.kind)
     elapsed = time.time() - t0
-    figures = {"utterances": 0, "frames": sum(r[1] for r in results), "seconds": elapsed,
-               "frames_per_second": sum(r[1] for r in results) / max(elapsed, 1e-9)}
+    frames = sum(r[1][0] for r in results)
+    figures = {"utterances": 0, "frames": frames, "seconds": elapsed,
+               "frames_per_second": frames / max(elapsed, 1e-9), "workers": workers,
+               "audio_seconds": seconds}
     for data_dir, data in plans:
-        mine = [job for job in jobs if Path(job[2]).name.startswith(
-            f"raw_{opts.kind}_{data_dir.name}.")]
-        figures["utterances"] += _finish(data_dir, data, mine, feats_dir, opts)
-    log.info("%d utterances, %d frames of %s in %.1f s (%.0f frames/s, %d processes)",
-             figures["utterances"], figures["frames"], opts.kind, elapsed,
-             figures["frames_per_second"], workers)
+        for k, out in enumerate(outputs[data_dir]):
+            scps = [job[1][k][1][:-4] + ".scp" for job in jobs_of[data_dir]]
+            if k == 0:
+                figures["utterances"] += _finish(data_dir, data, scps, feats_dir, opts)
+            else:
+                _write_record(out, feats_dir, scps)
+    log.info("%d utterances, %d frames of %s in %.1f s (%.0f frames/s, %d processes, "
+             "%.0f s of audio%s)", figures["utterances"], frames, opts.kind, elapsed,
+             figures["frames_per_second"], workers, seconds,
+             "".join(f"; {o.kind} too" for o, _ in extra))
     return figures
+
+
+def _plan_jobs(data: DataDir, outputs: list[Output], feats_dir: Path, nj: int) -> list[tuple]:
+    """The jobs of one data dir, split by audio file so that each job decodes each of its files
+    once (both sides of a conversation, recordings sw02001-A and sw02001-B, go to one job)."""
+    file_of = {u: _audio_file(data, u) for u in data.utts}
+    files = sorted(set(file_of.values()))
+    jobs = []
+    for j in range(max(1, min(nj, len(files)))):
+        mine = set(files[j::nj])
+        utts = [u for u in data.utts if file_of[u] in mine]
+        jobs.append((data.subset(utts), [(o.opts, o.ark(feats_dir, j + 1)) for o in outputs],
+                     j + 1, False))
+    return jobs
+
+
+def _run_jobs(jobs: list[tuple], workers: int, kind: str) -> list[tuple[int, list[int], float]]:
+    """Run the jobs here (one worker: nothing to start) or in a pool of spawned processes."""
+    if workers == 1:
+        return [_extract_job((*job[:3], True)) for job in jobs]
+    results = []
+    with mp.get_context("spawn").Pool(workers) as pool:
+        with tqdm(total=len(jobs), desc=f"{kind} jobs", unit="job", file=sys.stderr,
+                  disable=None, leave=False) as bar:
+            for r in pool.imap_unordered(_extract_job, jobs):
+                results.append(r)
+                bar.update()
+        # Let the workers exit on their own: leaving the block terminates them, and a worker
+        # killed so never unlinks the named semaphore tqdm made in it (resource_tracker's
+        # "leaked semaphore" warning at exit).
+        pool.close()
+        pool.join()
+    return results
+
+
+def pass_key(data: DataDir, opts: FeatureOptions) -> str:
+    """What a pass's arks depend on: the options and the audio of every utterance (recording,
+    segment, speaker); the same key means the same matrices, bit for bit (seeded dither)."""
+    blob = json.dumps({
+        "opts": asdict(opts), "utt2spk": sorted(data.utt2spk.items()),
+        "segments": sorted((u, s.recording, s.start, s.end) for u, s in data.segments.items()),
+        "wav": sorted(data.wav.items()),
+        "reco2file_and_channel": sorted((r, *fc) for r, fc in
+                                        data.reco2file_and_channel.items())}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _write_record(out: Output, feats_dir: Path, scps: list[str]) -> None:
+    write_text(out.record(feats_dir), json.dumps(
+        {"key": out.tag, "scps": [Path(s).name for s in scps]}) + "\n")
+
+
+def pass_arks(source_dir: str | Path, name: str, feats_dir: str | Path,
+              opts: FeatureOptions) -> list[Path] | None:
+    """The scps of the arks an audio pass made with ``opts`` for data dir ``name`` from
+    ``source_dir``'s audio, when its record says so and they are all there; else None."""
+    key = pass_key(DataDir.read(source_dir), opts)
+    record = Output(opts, name, key).record(Path(feats_dir).resolve())
+    try:
+        saved = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return None
+    scps = [record.parent / name for name in saved.get("scps", [])]
+    if not scps or not all(s.is_file() and s.with_suffix(".ark").is_file() for s in scps):
+        return None
+    return scps
+
+
+def finish_pass(source_dir: str | Path, data_dir: str | Path, feats_dir: str | Path,
+                opts: FeatureOptions) -> bool:
+    """Give ``data_dir`` (a copy of ``source_dir``) the features an earlier audio pass made for
+    it (``compute_features(..., extra=...)``): True when that pass's record says its arks hold
+    ``opts``' features of ``source_dir``'s audio, and the tables are written; False otherwise
+    (nothing written: compute them)."""
+    data_dir, feats_dir = Path(data_dir), Path(feats_dir).resolve()
+    scps = pass_arks(source_dir, data_dir.name, feats_dir, opts)
+    if scps is None:
+        return False
+    _finish(data_dir, DataDir.read(data_dir), [str(s) for s in scps], feats_dir, opts)
+    log.info("%s: %s features from the features stage's audio pass", data_dir, opts.kind)
+    return True
 
 
 def _audio_file(data: DataDir, utt: str) -> str:
@@ -154,13 +289,13 @@ def _audio_file(data: DataDir, utt: str) -> str:
     return data.reco2file_and_channel.get(reco, (reco, ""))[0]
 
 
-def _finish(data_dir: Path, data: DataDir, jobs: list, feats_dir: Path,
+def _finish(data_dir: Path, data: DataDir, scps: list[str], feats_dir: Path,
             opts: FeatureOptions) -> int:
     """Merge the jobs' scps of one data dir, compute its CMVN stats, write its tables."""
     name = data_dir.name
     feats: dict[str, str] = {}
-    for _, _, ark, _, _ in jobs:
-        feats.update(read_table(ark[:-4] + ".scp"))
+    for scp in scps:
+        feats.update(read_table(scp))
     missing = set(data.utts) - set(feats)
     if missing:
         raise AsrtrainError(f"{data_dir}: no features for {len(missing)} utterances, "
