@@ -140,6 +140,8 @@ def _register() -> None:
     main.add_command(report_command, "report")
     main.add_command(score_command, "score")
     main.add_command(topology_command, "topology")
+    main.add_command(__import__("asrtrain.simulate.command").simulate.command.simulate_command,
+                     "simulate")
     main.add_command(__import__("asrtrain.transcribe").transcribe.transcribe_command, "transcribe")
 
 

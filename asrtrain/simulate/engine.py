@@ -1,0 +1,293 @@
+"""The cluster simulator: N learners in one process, in simulated time.
+
+Each gossip member (a learner; for H-AD-PSGD a node of ``per_node`` learners, whose replicas are
+equal; for SSGD one member holding all) is a flat parameter vector with an optimizer of its own;
+one shared model object computes every gradient, the member's vector copied in first. The
+averaging is the backends' own code: gradients are averaged with
+:func:`asrtrain.distributed.allreduce.flatten_grads` / :func:`~asrtrain.distributed.allreduce.
+mean_of_sum_`, gossip changes are :func:`asrtrain.distributed.gossip.gossip_change`, and rounds
+follow :class:`asrtrain.distributed.topology.Schedule`. The times of steps and rounds come from
+the speed model (:mod:`.speeds`) and the gossip thread's rules (:mod:`.timing`); events are
+applied in time order.
+
+What is simplified, and why: a step reads and updates its member's model at the moment it ends
+(the real step reads it when it starts, so gossip arriving during a step is seen one step later
+here); an exchange reads both partners' models when both reached it (the real thread sends the
+model it had at the round's start, the lag being the partner's wait). Both keep N model copies
+(plus each member's optimizer state and the change of its round in flight, as the real thread
+holds); with zero learning rate neither matters and a round is exactly the backends' ``W_r``.
+The learning rate follows each member's count of global samples, known through the counters that
+ride along every exchange (a vector clock, as the real gossip does).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from asrtrain import AsrtrainError
+from asrtrain.distributed.allreduce import flatten_grads, mean_of_sum_
+from asrtrain.distributed.gossip import gossip_change
+from asrtrain.distributed.topology import Schedule, spectral_gap
+from asrtrain.simulate import speeds
+from asrtrain.simulate.timing import (
+    APPLY,
+    EXCHANGE,
+    LOG,
+    STEP,
+    GossipClock,
+    gossip_events,
+    step_events,
+)
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("ssgd", "adpsgd", "hadpsgd")
+
+
+class Workload(Protocol):
+    """What is trained: the real task (:mod:`.workload`) or a synthetic one (tests)."""
+
+    model: torch.nn.Module
+
+    def steps_per_epoch(self, world: int) -> int: ...
+
+    def batches(self, epoch: int, rank: int, world: int) -> Iterator[Any]: ...
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor: ...
+
+    def samples(self, batch: Any) -> int: ...
+
+    def heldout_loss(self, model: torch.nn.Module) -> float: ...
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer: ...
+
+    def lr(self, global_samples: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A simulated cluster: ``learners`` running ``backend`` (``per_node`` learners a node for
+    hadpsgd) with the gossip ``topology``, for ``epochs`` epochs, at the speeds of ``speed``
+    (:mod:`.speeds`: ``step_s`` seconds a step, ±``jitter``); a pairwise exchange takes
+    ``exchange_s``, an idle gossip thread starts a round every ``idle_s``. A point of the
+    trajectory every ``log_every`` rounds (SSGD: steps)."""
+
+    learners: int
+    backend: str = "adpsgd"
+    per_node: int = 1
+    topology: str = "random_ring"
+    delay_by_one: bool = False
+    epochs: int = 1
+    seed: int = 1
+    speed: str = "equal"
+    step_s: float = 1.0
+    jitter: float = 0.0
+    exchange_s: float = 0.0
+    idle_s: float = 0.1
+    grad_clip: float = 0.0
+    log_every: int = 1
+
+    def members(self) -> int:
+        """Gossip members: learners (adpsgd), nodes (hadpsgd), one (ssgd)."""
+        return {"ssgd": 1, "adpsgd": self.learners}.get(self.backend,
+                                                          self.learners // self.per_node)
+
+    def per_member(self) -> int:
+        return self.learners // self.members()
+
+    def check(self) -> None:
+        if self.backend not in BACKENDS:
+            raise AsrtrainError(f"simulate: backend {self.backend!r}: use one of "
+                                f"{', '.join(BACKENDS)}")
+        if self.learners < 1:
+            raise AsrtrainError(f"simulate: learners={self.learners}: need at least one")
+        if self.backend == "hadpsgd" and (self.per_node < 1 or self.learners % self.per_node):
+            raise AsrtrainError(f"simulate: per_node={self.per_node} does not divide the "
+                                f"{self.learners} learners into nodes")
+        for key in ("step_s", "idle_s"):
+            if not getattr(self, key) > 0:
+                raise AsrtrainError(f"simulate: {key}={getattr(self, key)}: must be positive")
+
+
+@dataclass
+class Trajectory:
+    """What a simulation logs: a point per ``log_every`` rounds (or steps), one per epoch."""
+
+    config: dict
+    points: list[dict] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Simulator:
+    """Runs :class:`SimConfig` on a :class:`Workload`; :meth:`run` returns the trajectory.
+
+    ``initial(member)`` gives a member's starting vector (default: every member starts from the
+    workload's model, as ``trainer.sync_init`` does)."""
+
+    def __init__(self, cfg: SimConfig, work: Workload,
+                 initial: Callable[[int], torch.Tensor] | None = None) -> None:
+        cfg.check()
+        self.cfg, self.work = cfg, work
+        self.params = [p for p in work.model.parameters() if p.requires_grad]
+        start = torch.nn.utils.parameters_to_vector(self.params).detach()
+        g = cfg.members()
+        self.x = [torch.nn.Parameter((initial(m) if initial else start).detach().clone())
+                  for m in range(g)]
+        self.optimizers = [work.make_optimizer([x]) for x in self.x]
+        self.pending = [torch.zeros_like(start) if g > 1 else None for _ in range(g)]
+        self.scratch = torch.empty_like(start)
+        self.counts = np.zeros((g, g), dtype=np.int64)  # member i's knowledge of j's samples
+        self.schedule = Schedule(g, cfg.topology, cfg.seed)
+        self.factors = speeds.learner_factors(cfg.speed, cfg.learners, cfg.seed)
+        self.clock = GossipClock()
+        self.now = 0.0
+        self.samples = 0
+        self.losses: list[float] = []
+        self.traj = Trajectory(config={**asdict(cfg), "members": g,
+                                       "spectral_gap": self._gap()})
+
+    def _gap(self) -> float | None:
+        if self.cfg.backend == "ssgd" or self.cfg.learners < 2:
+            return None
+        return spectral_gap(self.cfg.learners, self.cfg.topology, self.cfg.per_member(),
+                            self.cfg.seed)
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> Trajectory:
+        cfg = self.cfg
+        steps = self.work.steps_per_epoch(cfg.learners)
+        bar = tqdm(total=cfg.epochs * steps * cfg.members(), desc="simulate", unit="step",
+                   disable=None, leave=False)
+        wall = time.perf_counter()
+        for epoch in range(1, cfg.epochs + 1):
+            self._epoch(epoch, steps, bar)
+        bar.close()
+        self.traj.config["wall_s"] = time.perf_counter() - wall
+        return self.traj
+
+    def _epoch(self, epoch: int, steps: int, bar: tqdm) -> None:
+        cfg, k = self.cfg, self.cfg.per_member()
+        times = speeds.step_times(self.factors, steps, cfg.step_s, cfg.jitter, cfg.seed, epoch)
+        # A member's step waits for the slowest of its learners (their gradient allreduce).
+        member_times = times.reshape(cfg.members(), k, steps).max(axis=1)
+        ends = [self.now + np.cumsum(row) for row in member_times]
+        events = step_events(ends)
+        end = max(float(e[-1]) for e in ends)
+        if cfg.members() > 1:
+            gossip, end = gossip_events(self.schedule, ends, self.now, self.clock,
+                                        cfg.delay_by_one, cfg.idle_s, cfg.exchange_s,
+                                        cfg.log_every)
+            events += gossip
+        events.sort()
+        iters = [self.work.batches(epoch, r, cfg.learners) for r in range(cfg.learners)]
+        for t, _r, _p, kind, a, b in events:
+            if kind == STEP:
+                self._step(a, iters[a * k:(a + 1) * k], t, b)
+                bar.update()
+            elif kind == EXCHANGE:
+                self._exchange(a, b)
+            elif kind == APPLY:
+                self._apply(a)
+            elif kind == LOG:
+                self._point(t, rounds=a)
+        self.now = end
+        self._end_epoch(epoch)
+
+    # -- events ----------------------------------------------------------------------------------
+    def _load(self, member: int) -> None:
+        """Put the member's vector into the shared model."""
+        torch.nn.utils.vector_to_parameters(self.x[member].detach(), self.params)
+
+    def _step(self, m: int, learners: list[Iterator], t: float, index: int) -> None:
+        """One step of member ``m``: its learners' gradients averaged (the allreduce's
+        arithmetic), clipped, and its own optimizer's step at its own global-sample count."""
+        model, x = self.work.model, self.x[m]
+        self._load(m)
+        total, losses, samples = None, [], 0
+        for it in learners:
+            batch = next(it)
+            model.zero_grad(set_to_none=False)
+            loss = self.work.loss(model, batch)
+            loss.backward()
+            grad = flatten_grads(self.params)
+            total = grad if total is None else total.add_(grad)
+            losses.append(float(loss.detach()))
+            samples += int(self.work.samples(batch))
+        x.grad = mean_of_sum_(total, len(learners))
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([x], self.cfg.grad_clip)
+        opt = self.optimizers[m]
+        lr = self.work.lr(int(self.counts[m].sum()))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        self.counts[m, m] += samples
+        self.samples += samples
+        self.losses.extend(losses)
+        if self.cfg.members() == 1 and (index + 1) % self.cfg.log_every == 0:
+            self._point(t, steps=index + 1, lr=lr)
+
+    def _exchange(self, i: int, j: int) -> None:
+        """A pairwise exchange of a round: each side's change (the gossip thread's arithmetic)
+        joins its round's pending change; the sample counters merge."""
+        xi, xj = self.x[i].detach(), self.x[j].detach()
+        self.pending[i] += gossip_change(xi, [xj], self.schedule.weight, scratch=self.scratch)
+        self.pending[j] += gossip_change(xj, [xi], self.schedule.weight, scratch=self.scratch)
+        merged = np.maximum(self.counts[i], self.counts[j])
+        self.counts[i], self.counts[j] = merged, merged
+
+    def _apply(self, m: int) -> None:
+        with torch.no_grad():
+            self.x[m].add_(self.pending[m])
+        self.pending[m].zero_()
+
+    # -- measurements ----------------------------------------------------------------------------
+    def consensus(self) -> torch.Tensor:
+        """The average model (every member stands for the same number of learners)."""
+        return torch.stack([x.detach().double() for x in self.x]).mean(0)
+
+    def distance(self) -> float:
+        """Mean over learners of ``||x_i - x_bar|| / ||x_bar||`` (as the backends report)."""
+        avg = self.consensus()
+        norm = float(avg.norm())
+        dists = [float((x.detach().double() - avg).norm()) for x in self.x]
+        return sum(dists) / len(dists) / max(norm, 1e-30)
+
+    def _point(self, t: float, **extra: float) -> None:
+        loss = float(np.mean(self.losses)) if self.losses else float("nan")
+        self.losses = []
+        point = {"time": t, "samples": self.samples, "loss": loss, "distance": self.distance(),
+                 **extra}
+        self.traj.points.append(point)
+        log.debug("simulate: %s", point)
+
+    def _end_epoch(self, epoch: int) -> None:
+        distance = self.distance()
+        state = self.consensus().to(self.x[0].dtype)
+        torch.nn.utils.vector_to_parameters(state, self.params)
+        self.work.model.eval()
+        with torch.no_grad():
+            heldout = self.work.heldout_loss(self.work.model)
+        self.work.model.train()
+        row = {"epoch": epoch, "time": self.now, "samples": self.samples,
+               "heldout_loss": heldout, "distance": distance, "rounds": self.clock.rounds}
+        self.traj.epochs.append(row)
+        log.info("simulate epoch %d: held-out loss %.4f, consensus distance %.2e, "
+                 "simulated time %.1f s, %d samples, %d gossip rounds", epoch, heldout, distance,
+                 self.now, self.samples, self.clock.rounds)
+
+    def final_state(self) -> dict[str, torch.Tensor]:
+        """The consensus model's state dict (after :meth:`run`)."""
+        torch.nn.utils.vector_to_parameters(self.consensus().to(self.x[0].dtype), self.params)
+        return {k: v.detach().clone() for k, v in self.work.model.state_dict().items()}

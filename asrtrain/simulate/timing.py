@@ -1,0 +1,110 @@
+"""When things happen in a simulated epoch: each gossip member's steps, and the rounds of the
+schedule as the real gossip thread (:class:`asrtrain.distributed.gossip.Gossip`) would run them.
+
+Compute never waits for gossip (it runs in a background thread), so the step times are known in
+advance; the rounds then follow from them, round after round, with the thread's rules:
+
+- a member starts round ``r`` once its previous round is done and either a step finished since
+  that round started, or ``idle_s`` passed since it started (never before its first step);
+- without delay-by-one a phase's exchange ends ``exchange_s`` after both partners reached it,
+  and the round's change is applied when its last phase ends;
+- with delay-by-one the messages are posted at the round's start and travel while the member
+  steps on: the change is applied when the next round starts, which waits for the messages;
+- at the end of the epoch every member finishes the rounds started anywhere (the drain before
+  the consensus, :func:`asrtrain.distributed.gossip.drain_gossip`) and starts no more.
+
+The result is a list of events ``(time, round, phase, kind, a, b)`` in the order they happen;
+ties are broken so that a step comes before gossip at the same moment and a round's exchanges
+before its change is applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from asrtrain.distributed.topology import Schedule
+
+STEP, EXCHANGE, APPLY, LOG = 0, 1, 2, 3
+_LAST = 1 << 30  # the phase slot of a round's apply and log events: after all its exchanges
+
+Event = tuple[float, int, int, int, int, int]
+
+
+@dataclass
+class GossipClock:
+    """What the timing of the next epoch needs to know of the rounds so far."""
+
+    rounds: int = 0          # rounds every member has finished (equal after a drain)
+    stepped: bool = False    # whether any step was taken yet (no round before the first)
+
+
+def step_events(ends: list[np.ndarray]) -> list[Event]:
+    """One event per step: member ``a``'s step ``b`` ends at its time."""
+    return [(float(t), -1, 0, STEP, g, k) for g, row in enumerate(ends) for k, t in enumerate(row)]
+
+
+def _trigger(ends: np.ndarray, last_start: float, idle_s: float, may_idle: bool) -> float:
+    """When a member whose last round started at ``last_start`` wants its next round: after its
+    next step, or ``idle_s`` after that start (only once it has stepped at all)."""
+    k = int(np.searchsorted(ends, last_start, side="right"))
+    step = float(ends[k]) if k < len(ends) else math.inf
+    return min(step, last_start + idle_s) if may_idle else step
+
+
+def gossip_events(schedule: Schedule, ends: list[np.ndarray], t0: float, clock: GossipClock,
+                  delay_by_one: bool, idle_s: float, exchange_s: float,
+                  log_every: int) -> tuple[list[Event], float]:
+    """The gossip events of one epoch that starts at ``t0`` (members' step end times ``ends``);
+    returns them and the time the epoch's drain is over. ``clock`` is advanced."""
+    n = len(ends)
+    t_end = max((float(e[-1]) for e in ends if len(e)), default=t0)
+    first = [float(e[0]) if len(e) else math.inf for e in ends]
+    last_start = np.full(n, t0)
+    ready = np.full(n, t0)          # previous round done (or, delay-by-one: its messages in)
+    pending: list[int] = []         # delay-by-one: members with a posted round to apply
+    events: list[Event] = []
+    finish = t0
+    r = clock.rounds
+    while n > 1:
+        trig = np.array([_trigger(ends[i], last_start[i], idle_s,
+                                  clock.stepped or last_start[i] >= first[i]) for i in range(n)])
+        if np.maximum(ready, trig).min() > t_end:  # the last step still triggers one
+            break
+        start = np.maximum(ready, np.minimum(trig, t_end))  # the drain starts the rest at once
+        if delay_by_one and pending:
+            events += _applies(start, pending, r - 1, log_every)
+        t, posted, touched = start.copy(), start.copy(), set()
+        for p, phase in enumerate(schedule.phases(r)):
+            for i, j in phase:
+                e = max(t[i], t[j]) + exchange_s
+                events.append((e, r, p, EXCHANGE, i, j))
+                touched.update((i, j))
+                if delay_by_one:  # posted at the start; the messages are in at e
+                    posted[i], posted[j] = max(posted[i], e), max(posted[j], e)
+                else:  # one partner after the other
+                    t[i] = t[j] = e
+        if delay_by_one:
+            ready, pending = posted, sorted(touched)
+        else:
+            ready = t
+            events += _applies(t, sorted(touched), r, log_every)
+        last_start = start
+        finish = max(finish, float(ready.max()))
+        r += 1
+    if delay_by_one and pending:  # the drain applies the last posted round
+        events += _applies(np.maximum(ready, t_end), pending, r - 1, log_every)
+    clock.rounds = r
+    clock.stepped = clock.stepped or t_end > t0
+    return events, max(finish, t_end)
+
+
+def _applies(times: np.ndarray, members: list[int], r: int, log_every: int) -> list[Event]:
+    """Round ``r``'s changes applied at ``times`` (per member), and its log point after the last
+    one every ``log_every`` rounds."""
+    out = [(float(times[i]), r, _LAST, APPLY, i, -1) for i in members]
+    if log_every and (r + 1) % log_every == 0:
+        out.append((max(float(times[i]) for i in members), r, _LAST + 1, LOG, r + 1, -1))
+    return out

@@ -1,0 +1,258 @@
+"""The cluster simulator (asrtrain.simulate) against the real backends: real gloo learner
+processes (bench/synthetic.py, forked as in tests/test_distributed.py) and the simulator on the
+same model, data and schedule; the simulator's averaging is the backends' own code; the
+`asrtrain simulate` command on a real experiment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
+import torch
+
+from asrtrain.distributed import allreduce, gossip, topology
+from asrtrain.simulate import engine
+from asrtrain.simulate.engine import SimConfig, Simulator
+from asrtrain.simulate.speeds import learner_factors
+from asrtrain.simulate.timing import EXCHANGE, GossipClock, gossip_events
+
+REPO = Path(__file__).resolve().parents[1]
+DIM, HIDDEN, EXAMPLES = 8, 16, 256
+
+
+class SyntheticWorkload:
+    """bench/synthetic.py's learner as a simulator workload: the same MLP, data, global batches
+    (learner r takes ``[r::world]`` of step s's), SGD with momentum and inverse-decay LR."""
+
+    def __init__(self, steps: int, batch: int, lr: float, decay: float, seed: int = 0) -> None:
+        self.model = synthetic.make_model(DIM, HIDDEN, seed)
+        self.x, self.y = synthetic.make_data(EXAMPLES, DIM, seed)
+        self.steps, self.batch, self.lr0, self.decay = steps, batch, lr, decay
+
+    def steps_per_epoch(self, world: int) -> int:
+        return self.steps
+
+    def batches(self, epoch: int, rank: int, world: int) -> Iterator:
+        for step in range(self.steps):
+            idx = synthetic.global_batch(step, self.batch, EXAMPLES)[rank::world]
+            yield self.x[idx], self.y[idx]
+
+    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    def samples(self, batch) -> int:
+        return len(batch[0])
+
+    def heldout_loss(self, model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(self.x), self.y))
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.lr0, momentum=0.9)
+
+    def lr(self, global_samples: int) -> float:
+        return synthetic.lr_at(self.lr0, global_samples, self.decay)
+
+
+def spawn(out: Path, learners: int, *args: str) -> list[dict]:
+    torch.set_num_threads(1)
+    codes = synthetic.run_local(out, learners, args, 90.0)
+    assert codes == dict.fromkeys(range(learners), 0), list(out.glob("error*"))
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(learners)]
+
+
+def heldout(state: dict[str, torch.Tensor], seed: int) -> float:
+    work = SyntheticWorkload(1, 1, 0.0, 1.0, seed)
+    work.model.load_state_dict(state)
+    return work.heldout_loss(work.model)
+
+
+# -- the simulator's averaging is the backends' code -----------------------------------------------
+
+def test_simulator_calls_the_functions_the_backends_call() -> None:
+    """Not copies: the very function objects, and the backends call them too (a copy on either
+    side that drifts would break this, or the numeric agreement tests below)."""
+    assert engine.gossip_change is gossip.gossip_change
+    assert engine.flatten_grads is allreduce.flatten_grads
+    assert engine.mean_of_sum_ is allreduce.mean_of_sum_
+    assert engine.Schedule is topology.Schedule
+    assert "gossip_change" in gossip.Gossip._finish.__code__.co_names
+    called = allreduce.GradientAllreduce.__call__.__code__.co_names
+    assert {"flatten_grads", "mean_of_sum_", "set_grads_"} <= set(called)
+
+
+@pytest.mark.parametrize(("members", "scheme"), [(4, "ring"), (5, "ring"), (6, "random_ring"),
+                                                 (8, "exponential")])
+def test_a_zero_lr_round_is_the_schedules_mixing_matrix(members: int, scheme: str) -> None:
+    """With equal speeds and no learning, round r maps the stacked models by W_r exactly."""
+    work = SyntheticWorkload(6, 4 * members, 0.0, 1.0)
+    starts = [torch.randn(sum(p.numel() for p in work.model.parameters()),
+                          generator=torch.Generator().manual_seed(m)) for m in range(members)]
+    sim = Simulator(SimConfig(members, "adpsgd", topology=scheme, seed=3, idle_s=1e9,
+                              log_every=0), work, initial=lambda m: starts[m])
+    sim.run()
+    sched = topology.Schedule(members, scheme, 3)
+    w = np.eye(members)
+    for r in range(sim.clock.rounds):
+        w = sched.mixing_matrix(r) @ w
+    expected = torch.from_numpy(w) @ torch.stack(starts).double()
+    got = torch.stack([x.detach().double() for x in sim.x])
+    assert sim.clock.rounds == 6
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+# -- agreement with real gloo learners ---------------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_ssgd_equals_four_real_gloo_learners(tmp_path: Path) -> None:
+    spawn(tmp_path, 4, "--backend", "ssgd", "--steps", "12", "--batch", "12", "--lr", "0.1",
+          "--decay-samples", "50")
+    real = torch.load(tmp_path / "rank0.pt")
+    sim = Simulator(SimConfig(4, "ssgd", speed="hetero:0.5"),
+                    SyntheticWorkload(12, 12, 0.1, 50.0))
+    traj = sim.run()
+    assert traj.epochs[0]["samples"] == 12 * 12
+    final = sim.final_state()
+    for k, v in real["final"].items():
+        assert not torch.equal(v, real["initial"][k])  # it trained
+        assert torch.allclose(final[k], v, atol=1e-5), k
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("scheme", "extra"), [("ring", []), ("random_ring", []),
+                                               ("exponential", ["--delay-by-one"])])
+def test_adpsgd_zero_lr_consensus_distance_per_round_equals_real(
+        tmp_path: Path, scheme: str, extra: list[str]) -> None:
+    """Four real learners from their own random models, no learning, out of step (delays,
+    jitter): after every drain the consensus distance is the simulator's after as many
+    rounds."""
+    stats = spawn(tmp_path, 4, "--backend", "adpsgd", "--topology", scheme, "--steps", "24",
+                  "--log-every", "4", "--no-sync-init", "--lr", "0", "--batch", "8",
+                  "--sleep", "0.005", "--jitter", "0.01", "--idle", "0.02", "--seed", "2",
+                  *extra)
+    points = stats[0]["distances"]  # (step, distance, rounds) after a drain
+    rounds = max(p[2] for p in points)
+    assert rounds >= 6 and points[0][2] == 0
+    starts = [torch.nn.utils.parameters_to_vector(
+        synthetic.make_model(DIM, HIDDEN, 2 + 1000 * (r + 1)).parameters()).detach()
+        for r in range(4)]
+    sim = Simulator(SimConfig(4, "adpsgd", topology=scheme, seed=2, delay_by_one=bool(extra),
+                              idle_s=1e9, log_every=1),
+                    SyntheticWorkload(rounds + 1, 8, 0.0, 1.0, seed=2),
+                    initial=lambda m: starts[m])
+    first = sim.distance()
+    traj = sim.run()
+    by_round = {0: first, **{p["rounds"]: p["distance"] for p in traj.points}}
+    assert points[0][1] == pytest.approx(first, rel=1e-5)
+    for _step, distance, r in points:
+        assert by_round[r] == pytest.approx(distance, rel=1e-4, abs=1e-7 * first), r
+    assert by_round[rounds] < 0.5 * first  # gossip moved them
+
+
+LEARN = ["--backend", "adpsgd", "--steps", "40", "--batch", "36", "--lr", "0.1",
+         "--decay-samples", "1e9", "--sleep", "0.03"]
+SEEDS = range(4)
+
+
+@pytest.mark.timeout(300)
+def test_adpsgd_learning_heldout_loss_within_the_real_runs_spread(tmp_path: Path) -> None:
+    """Four real learners at ~30 ms a step (gossip keeps up: a round a step) against the
+    simulator at the same pace, over four seeds (data, model, ring): the mean held-out loss of
+    the simulator is within the spread of the real runs' (docs/science.md states it)."""
+    real, sim = [], []
+    for seed in SEEDS:
+        out = tmp_path / f"seed{seed}"
+        out.mkdir()
+        stats = spawn(out, 4, *LEARN, "--seed", str(seed))
+        assert all(s["rounds"] >= 20 for s in stats)  # the pace the simulator is given
+        real.append(heldout(torch.load(out / "consensus.pt"), seed))
+        s = Simulator(SimConfig(4, "adpsgd", seed=seed, step_s=0.03, jitter=0.2,
+                                exchange_s=0.005, log_every=0),
+                      SyntheticWorkload(40, 36, 0.1, 1e9, seed))
+        sim.append(s.run().epochs[-1]["heldout_loss"])
+    start = statistics.mean(heldout(synthetic.make_model(DIM, HIDDEN, s).state_dict(), s)
+                            for s in SEEDS)
+    spread = max(real) - min(real)
+    assert statistics.mean(real) < 0.5 * start  # they learned
+    assert abs(statistics.mean(sim) - statistics.mean(real)) <= spread, (real, sim)
+
+
+# -- the simulator alone ---------------------------------------------------------------------------
+
+def test_speed_models_and_their_errors() -> None:
+    assert learner_factors("equal", 4, 0).tolist() == [1.0] * 4
+    slow = learner_factors("straggler:2:4", 16, 5)
+    assert sorted(slow.tolist()) == [1.0] * 14 + [4.0, 4.0]
+    assert (learner_factors("hetero:0.3", 8, 1) == learner_factors("hetero:0.3", 8, 1)).all()
+    from asrtrain import AsrtrainError
+    with pytest.raises(AsrtrainError, match="simulate --speed 'fast'"):
+        learner_factors("fast", 4, 0)
+
+
+def test_a_straggler_holds_up_its_partners_rounds_not_their_steps() -> None:
+    """Equal members gossip a round a step; with one 4x slower member the others still step at
+    their pace, and idle rounds (every idle_s) keep the rounds going."""
+    sched = topology.Schedule(4, "ring")
+    ends = [np.arange(1, 11) * f for f in (1.0, 1.0, 1.0, 4.0)]
+    events, end = gossip_events(sched, [e.astype(float) for e in ends], 0.0, GossipClock(),
+                                False, 2.0, 0.0, 0)
+    assert end == 40.0
+    exchanges = [e for e in events if e[3] == EXCHANGE]
+    assert all(e[0] >= 1.0 for e in exchanges)  # nobody gossips before its first step
+    assert max(e[1] for e in exchanges) + 1 >= 20  # idle rounds at 2 s past the fast ones
+
+
+def test_hadpsgd_nodes_and_reproducible_by_seed() -> None:
+    cfg = SimConfig(16, "hadpsgd", per_node=4, topology="exponential", epochs=2,
+                    speed="hetero:0.3", jitter=0.1, step_s=0.1, log_every=2)
+    a = Simulator(cfg, SyntheticWorkload(10, 64, 0.05, 1e9))
+    b = Simulator(cfg, SyntheticWorkload(10, 64, 0.05, 1e9))
+    assert len(a.x) == 4  # one model per node
+    ta, tb = a.run(), b.run()
+    assert ta.points == tb.points and ta.epochs == tb.epochs
+    assert ta.epochs[-1]["samples"] == 2 * 10 * 64
+    assert ta.epochs[-1]["heldout_loss"] < ta.epochs[0]["heldout_loss"] * 1.5
+    assert ta.config["spectral_gap"] == pytest.approx(topology.spectral_gap(16, "exponential", 4))
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the finished tiny experiment (features, alignments), if this machine has one."""
+    full = Path("/tmp/full/exp")
+    if not (full / "align" / "tri2_ali_train_dev" / "ali.scp").is_file():
+        pytest.skip("no finished tiny experiment at /tmp/full/exp")
+    out = tmp_path_factory.mktemp("sim") / "exp"
+    shutil.copytree(full, out, ignore=shutil.ignore_patterns("decode", "train", "log"))
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_simulate_command_on_the_hybrid_task(exp: Path, tmp_path: Path) -> None:
+    out = tmp_path / "traj.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", f"exp_dir={exp}",
+         "hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16",
+         "hybrid.trainer.batch_chunks=8", "hybrid.trainer.epochs=1", "trainer.topology=ring",
+         "--learners", "16", "--backend", "adpsgd", "--speed", "straggler:1:4",
+         "--log-every", "5", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traj = json.loads(out.read_text())
+    assert traj["config"]["learners"] == 16 and traj["config"]["topology"] == "ring"
+    assert len(traj["epochs"]) == 1 and np.isfinite(traj["epochs"][0]["heldout_loss"])
+    assert traj["points"] and all(p["distance"] >= 0 for p in traj["points"])
+    assert (out.parent / "traj.pt").is_file()
+    bad = subprocess.run(
+        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", f"exp_dir={exp}",
+         "--learners", "6", "--backend", "hadpsgd", "--per-node", "4", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1].startswith("asrtrain: error: simulate: per_node=4")
