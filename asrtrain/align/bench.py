@@ -121,7 +121,9 @@ def time_align_iteration(num_pdfs: int = 11500, gaussians: int = 200000, dim: in
     # per model, not per frame (once an iteration over the whole corpus): timed apart
     t = time.process_time()
     stats = gmm.zero_stats()
-    if not dense:
+    if dense:
+        gmm.loglikes(feats[0][:1])
+    else:
         gmm.pdf_loglikes(feats[0][:1], torch.tensor([0]))
     setup = time.process_time() - t
     parts = {"likelihoods": 0.0, "viterbi": 0.0, "accumulate": 0.0}

@@ -67,6 +67,9 @@ class DiagGmmSet:
         return cls(mean[:, None], var[:, None], torch.zeros(len(count), 1, dtype=torch.float64))
 
     def to(self, device: torch.device | str) -> DiagGmmSet:
+        """This set on ``device`` (itself, with its likelihood tables, when already there)."""
+        if self.means.device == torch.device(device):
+            return self
         return DiagGmmSet(self.means.to(device), self.vars.to(device),
                           self.log_weights.to(device))
 

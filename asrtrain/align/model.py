@@ -322,6 +322,8 @@ def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg
     Each job's memory is one batch (``batch_frames``, ``max_batch_mb``) plus its graphs."""
     order = sorted(utts, key=lambda u: (len(u.feats), u.utt))
     num_shards = min(len(order), nj)   # one per job: batches as full as with one process
+    model.gmm.pdf_loglikes(torch.zeros(0, model.gmm.dim), torch.zeros(0, dtype=torch.long))
+    # ^ its likelihood tables made once here, shared by the forked jobs
     _SHARED.update(model=model, lang=lang, cfg=cfg, cache=cache,
                    shards=[order[i::num_shards] for i in range(num_shards)])
     parts = []
