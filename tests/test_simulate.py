@@ -234,6 +234,40 @@ def exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+TINY_HYBRID = ["hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16",
+               "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=16"]
+
+
+def asrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(900)
+def test_simulated_ssgd_equals_the_real_trainer_on_the_hybrid_task(exp: Path,
+                                                                   tmp_path: Path) -> None:
+    """The real trainer with 4 gloo learners (torchrun, through `asrtrain run`) and
+    `asrtrain simulate` with 4 learners give the same hybrid BLSTM, to rounding: the same
+    resident chunk batches, Adam, clipping, LR schedule and gradient averaging."""
+    real = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train_hybrid", "--to",
+                    "train_hybrid", *TINY_HYBRID, "hybrid.model.name=h_ssgd",
+                    "trainer.backend=ssgd", "trainer.learners=4")
+    assert real.returncode == 0, real.stderr[-3000:]
+    out = tmp_path / "ssgd.json"
+    sim = asrtrain("simulate", "recipes/tiny", f"exp_dir={exp}", *TINY_HYBRID, "--learners", "4",
+                   "--backend", "ssgd", "--log-every", "20", "--out", str(out))
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    trained = torch.load(exp / "train" / "h_ssgd" / "final.pt", map_location="cpu",
+                         weights_only=False)
+    simulated = torch.load(out.with_suffix(".pt"))
+    for k, v in trained["model"].items():
+        assert torch.allclose(simulated[k], v, atol=1e-6), k
+    traj = json.loads(out.read_text())
+    assert traj["epochs"][0]["samples"] == trained["metrics"]["global_samples"]
+    assert traj["epochs"][0]["heldout_loss"] == pytest.approx(trained["metrics"]["dev_loss"],
+                                                              rel=1e-5)
+
+
 @pytest.mark.timeout(600)
 def test_simulate_command_on_the_hybrid_task(exp: Path, tmp_path: Path) -> None:
     out = tmp_path / "traj.json"
