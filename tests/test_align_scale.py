@@ -17,7 +17,7 @@ import torch
 from test_align import MONO, corpus, mono  # noqa: F401  (session fixtures)
 
 from asrtrain.align.bench import random_gmm, time_align_iteration
-from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.gmm import DiagGmmSet, _frames_per_block
 from asrtrain.align.graph import hmm_graph, phone_graph, scale_transitions
 from asrtrain.align.model import (
     AcousticModel,
@@ -70,6 +70,13 @@ def test_dense_loglikes_in_memory_bounded_blocks_give_the_same_matrix() -> None:
         # float32 matrix products round differently with the number of rows: close, not equal
         torch.testing.assert_close(gmm.loglikes(x, max_batch_mb=1e-3, dtype=dtype), whole,
                                    rtol=0, atol=tol)
+
+
+def test_block_of_frames_fits_the_memory_setting() -> None:
+    # 1 MB of float32 work values at 1000 values a frame: 262 frames; never less than one
+    assert _frames_per_block(1000, torch.float32, 1.0) == 262
+    assert _frames_per_block(1000, torch.float64, 1.0) == 131
+    assert _frames_per_block(10 ** 9, torch.float32, 1.0) == 1
 
 
 def test_accumulate_is_unchanged_by_the_dead_slots_it_skips() -> None:
@@ -194,8 +201,10 @@ def test_train_mono_with_two_jobs_writes_the_same_alignments(corpus, tmp_path) -
 
 def test_time_align_iteration_aligns_random_graphs_sparse_and_dense() -> None:
     kw = {"num_pdfs": 300, "gaussians": 3000, "dim": 13, "frames": 1200, "utt_frames": 200}
+    threads = torch.get_num_threads()
     sparse = time_align_iteration(**kw)
     dense = time_align_iteration(**kw, dense=True)
+    assert torch.get_num_threads() == threads   # timed in one thread, the caller's restored
     for r in (sparse, dense):
         assert r["failed"] == 0 and r["frames"] == 1200 and r["utterances"] == 6
         assert abs(r["gaussians"] - 3000) < 300

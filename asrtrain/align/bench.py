@@ -109,8 +109,21 @@ def time_align_iteration(num_pdfs: int = 11500, gaussians: int = 200000, dim: in
     the wall clock, the seconds of each part, the distinct pdfs per utterance and the peak RSS.
     What is done once per model (zeroed statistics, the likelihood tables: once an iteration over
     the whole corpus) is timed apart, ``model_setup_seconds``.
-    ``dense=True`` scores every pdf (what alignment did before issue 12)."""
+    ``dense=True`` scores every pdf (what alignment did before issue 12).  Runs in one torch
+    thread (the caller's thread count is restored)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _time_iteration(num_pdfs, gaussians, dim, frames, utt_frames, frames_per_phone,
+                               batch_frames, dense, max_batch_mb, device, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _time_iteration(num_pdfs: int, gaussians: int, dim: int, frames: int, utt_frames: int,
+                    frames_per_phone: float, batch_frames: int, dense: bool,
+                    max_batch_mb: float, device: str, seed: int) -> dict:
+    """:func:`time_align_iteration` in one thread."""
     rng = np.random.default_rng(seed)
     dev = torch.device(device)
     gmm = random_gmm(num_pdfs, gaussians, dim, rng).to(dev)
