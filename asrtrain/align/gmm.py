@@ -156,16 +156,19 @@ class DiagGmmSet:
             return out
         counts = used[pdfs]
         order = torch.argsort(counts, stable=True)
+        parts = []
         for part in torch.tensor_split(order, min(groups, len(pdfs))):
             m = max(int(counts[part[-1]]), 1)
             sel = pdfs[part]
-            w = w_all[sel, :m].reshape(-1, w_all.shape[-1]).T.contiguous()  # [2D, n_pdf * m]
-            g = g_all[sel, :m].reshape(-1)
-            block = _frames_per_block(w.shape[1] * 3, dtype, max_batch_mb)
-            for i in range(0, x.shape[0], block):
-                xb = x[i:i + block].to(dtype)
-                ll = torch.addmm(g, torch.cat([xb, xb * xb], dim=1), w)    # [n, n_pdf * m]
-                out[i:i + block, part] = torch.logsumexp(ll.view(ll.shape[0], len(sel), m), -1)
+            parts.append((part, m, w_all[sel, :m].reshape(-1, w_all.shape[-1]).T.contiguous(),
+                          g_all[sel, :m].reshape(-1)))                 # [2D, n_pdf * m], [.]
+        block = _frames_per_block(max(p[2].shape[1] for p in parts) * 3, dtype, max_batch_mb)
+        for i in range(0, x.shape[0], block):
+            xb = x[i:i + block].to(dtype)
+            x2 = torch.cat([xb, xb * xb], dim=1)
+            for part, m, w, g in parts:
+                ll = torch.addmm(g, x2, w)                                  # [n, n_pdf * m]
+                out[i:i + block, part] = torch.logsumexp(ll.view(ll.shape[0], len(part), m), -1)
         return out
 
     # ---------------------------------------------------------------- training
