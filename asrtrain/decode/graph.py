@@ -244,15 +244,25 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     return {**summary, "counts": counts}
 
 
+def faster_decoder(hclg: kaldifst.StdVectorFst, beam: float, max_active: int,
+                   ) -> kaldi_decoder.FasterDecoder:
+    """kaldi-decoder's FasterDecoder: ``beam``, and at most ``max_active`` states alive per
+    frame (Kaldi's ``--max-active``). Its ``min_active`` (no pruning below it, 20 by default)
+    must stay under ``max_active``, or the library refuses a small cap. Keep a reference to
+    ``hclg`` as long as the decoder: it holds a raw pointer."""
+    opts = kaldi_decoder.FasterDecoderOptions()
+    opts.beam = beam
+    opts.max_active = max_active
+    opts.min_active = min(opts.min_active, max_active - 1)
+    return kaldi_decoder.FasterDecoder(hclg, opts)
+
+
 def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: GmmDecodeConfig,
                ) -> dict[float, dict[str, list[str]]]:
     """The 1-best words of every utterance for each acoustic scale (FasterDecoder on the GMM
     pdf log-likelihoods gathered to ``graph``'s transition states)."""
-    opts = kaldi_decoder.FasterDecoderOptions()
-    opts.beam = c.beam
-    opts.max_active = c.max_active
     hclg = graph.hclg   # the decoder holds a raw pointer to it
-    decoder = kaldi_decoder.FasterDecoder(hclg, opts)
+    decoder = faster_decoder(hclg, c.beam, c.max_active)
     device = torch.device(c.device)
     gmm = model.gmm.to(device)
     tstate_pdf = graph.tstate_pdf

@@ -28,6 +28,7 @@ setting), ``out_dir/decode.json`` (every setting's WER, RTF, settings).
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -44,7 +45,7 @@ from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir
 from asrtrain.decode import HybridDecodeConfig, score_candidates, write_decode_dir
 from asrtrain.decode.ctc import TimedWord
-from asrtrain.decode.graph import Graph, load_graph
+from asrtrain.decode.graph import Graph, faster_decoder, load_graph
 from asrtrain.features.reader import FeatureReader, chunk_starts
 from asrtrain.lang.phones import PhoneSet
 from asrtrain.models.checkpoint import ModelCheckpoint
@@ -68,8 +69,14 @@ def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: P
     return ckpt.build(device, model_path), device
 
 
+#: Seconds of audio that pay for one more decoding job: a spawned job spends seconds importing
+#: torch and reading the graph, and the tiny test set's 197 s decode in 9.5 s (search 8.5 s).
+AUDIO_PER_JOB_S = 600.0
+
+
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-                  cfg: Mapping | HybridDecodeConfig | None = None) -> dict:
+                  cfg: Mapping | HybridDecodeConfig | None = None, nj: int = 1,
+                  audio_per_job: float = AUDIO_PER_JOB_S) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
 
     ``cfg``: ``HybridDecodeConfig``'s keys, with their defaults (asrtrain/decode/__init__.py):
@@ -77,22 +84,102 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     ``lattice_beam`` (lattice decoder), ``max_active`` (faster decoder), ``min_lmwt``..``max_lmwt``
     and ``wips`` for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
     this set, ``batch_chunks`` (chunks per forward pass), ``threads`` (torch CPU threads, 0:
-    leave as is), ``device``.  Returns the summary written to ``decode.json``: the chosen
-    ``lmwt``/``wip``, ``wer`` per subset, every setting's WER under ``sweep``, and the real-time
-    factors (network, search, both; feature reading and the sweep's rescoring not included);
-    plus ``counts``, the chosen setting's ``Counts`` per subset ({} with nothing to score)."""
+    leave as is; 1 in each job when ``nj`` > 1), ``device``.  ``nj``: parallel jobs, each a
+    process decoding a contiguous share of the utterances (the results are those of one job;
+    the number of jobs only says how the work is spread, so it is no decoding setting), and no
+    more jobs than one per ``audio_per_job`` seconds of audio (a job takes seconds to start).
+    Returns the summary written to ``decode.json``: the chosen ``lmwt``/``wip``, ``wer`` per
+    subset, every setting's WER under ``sweep``, and the real-time factors (network, search,
+    both, per core: CPU seconds per second of audio; and of the wall time; feature reading and
+    the sweep's rescoring not included); plus ``counts``, the chosen setting's ``Counts`` per
+    subset ({} with nothing to score)."""
     c = HybridDecodeConfig.from_config(cfg)
     model_path, graph_dir, data_dir, out_dir = map(Path, (model_path, graph_dir, data_dir, out_dir))
     graph = load_graph(graph_dir)
     ckpt = ModelCheckpoint.load(model_path, head="ce")
     model, device = model_for_graph(ckpt, model_path, graph, graph_dir, c)
     reader = _feature_reader(data_dir, ckpt)
-    loglikes = pseudo_loglikes(model, iter(reader), ckpt.log_priors, ckpt.chunk or 21,
-                               c.prior_scale, c.acoustic_scale, c.batch_chunks, device)
+    audio = sum(reader.num_frames.values()) * ckpt.frame_shift if reader.data.utt2num_frames \
+        else float("inf")
+    shares = _shares(reader.utts, min(nj, max(1, int(audio // max(audio_per_job, 1e-9)))))
+    t0 = time.time()
+    if len(shares) == 1:
+        hyps, stats = _decode_share((model_path, graph, graph_dir, data_dir, c, shares[0],
+                                     (ckpt, model, device)))
+    else:
+        jobs = [(model_path, graph_dir, graph_dir, data_dir, c, share, None) for share in shares]
+        with mp.get_context("spawn").Pool(len(jobs)) as pool:
+            results = list(tqdm(pool.imap(_decode_share, jobs), total=len(jobs),
+                                desc=f"decode {data_dir.name} ({len(jobs)} jobs)", unit="job",
+                                file=sys.stderr, disable=None, leave=False))
+            pool.close()
+            pool.join()
+        hyps = {s: {u: w for h, _ in results for u, w in h[s].items()} for s in results[0][0]}
+        stats = merge_stats([st for _, st in results])
+    stats["wall_seconds"] = round(time.time() - t0, 2)
+    stats["wall_real_time_factor"] = round(stats["wall_seconds"] / stats["audio_seconds"], 4)
+    return score_sweep(hyps, c.settings(), c, DataDir.read(data_dir), data_dir, out_dir, stats)
+
+
+def _shares(utts: list[str], nj: int) -> list[list[str]]:
+    """``utts`` in ``nj`` contiguous shares of nearly equal size (none empty)."""
+    n = max(1, min(int(nj), len(utts)))
+    bounds = [round(i * len(utts) / n) for i in range(n + 1)]
+    return [utts[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _decode_share(args: tuple) -> tuple[dict, dict]:
+    """One job: the network and the search over a share of the utterances (in this process with
+    the model ``loaded``, or in a spawned one that loads the model and the graph itself);
+    (timed words per setting, stats) with the CPU seconds of its decoding."""
+    model_path, graph, graph_dir, data_dir, c, utts, loaded = args
+    here = loaded is not None
+    if not here and c.threads == 0:
+        torch.set_num_threads(1)   # nj jobs, one core each
+    if not isinstance(graph, Graph):
+        graph = load_graph(Path(graph))
+    if loaded is None:
+        ckpt = ModelCheckpoint.load(model_path, head="ce")
+        loaded = (ckpt, *model_for_graph(ckpt, model_path, graph, graph_dir, c))
+    ckpt, model, device = loaded
+    reader = _feature_reader(data_dir, ckpt)
+    cpu0 = time.process_time()
+    loglikes = pseudo_loglikes(model, ((u, reader[u]) for u in utts), ckpt.log_priors,
+                               ckpt.chunk or 21, c.prior_scale, c.acoustic_scale,
+                               c.batch_chunks, device)
     # one step of the bar: an utterance through the network and the search (lattice and sweep)
-    searched = tqdm(loglikes, total=len(reader.utts), desc=f"decode {data_dir.name}",
-                    unit="utt", file=sys.stderr, disable=None, leave=False)
-    return decode_loglikes(searched, graph, data_dir, out_dir, c, ckpt.frame_shift)
+    searched = tqdm(loglikes, total=len(utts), desc=f"decode {Path(data_dir).name}",
+                    unit="utt", file=sys.stderr, disable=None if here else True, leave=False)
+    hyps, stats = decode_sweep(searched, graph, c.settings(), c, ckpt.frame_shift)
+    stats["cpu_seconds"] = round(time.process_time() - cpu0, 2)
+    return hyps, with_rates(stats)
+
+
+_SUMMED = ("utterances", "frames", "audio_seconds", "nn_seconds", "search_seconds",
+           "sweep_seconds", "cpu_seconds", "failed_utterances", "untimed_paths")
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    """The stats of jobs that decoded disjoint shares, as if one had decoded them all."""
+    out = {k: round(sum(p.get(k, 0) for p in parts), 2) for k in _SUMMED}
+    for k in ("utterances", "frames", "failed_utterances", "untimed_paths"):
+        out[k] = int(out[k])
+    out["jobs"] = len(parts)
+    return with_rates(out)
+
+
+def with_rates(stats: dict) -> dict:
+    """``stats`` with its real-time factors (seconds per second of audio): network, search,
+    both (each job's time summed), and ``real_time_factor_per_core``, the CPU seconds of the
+    jobs (network threads included) per second of audio."""
+    audio = max(stats["audio_seconds"], 1e-9)
+    stats.setdefault("jobs", 1)
+    stats["real_time_factor"] = round((stats["nn_seconds"] + stats["search_seconds"]) / audio, 4)
+    stats["nn_real_time_factor"] = round(stats["nn_seconds"] / audio, 4)
+    stats["search_real_time_factor"] = round(stats["search_seconds"] / audio, 4)
+    if "cpu_seconds" in stats:
+        stats["real_time_factor_per_core"] = round(stats["cpu_seconds"] / audio, 4)
+    return stats
 
 
 def decode_loglikes(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph | Path,
@@ -280,10 +367,7 @@ def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph
         config = kaldi_decoder.LatticeSimpleDecoderConfig(beam=c.beam, lattice_beam=c.lattice_beam)
         decoder = kaldi_decoder.LatticeSimpleDecoder(hclg, config)
     else:
-        opts = kaldi_decoder.FasterDecoderOptions()
-        opts.beam = c.beam
-        opts.max_active = c.max_active
-        decoder = kaldi_decoder.FasterDecoder(hclg, opts)
+        decoder = faster_decoder(hclg, c.beam, c.max_active)
     tstate_pdf = graph.tstates[:, 2]
     num_pdfs = int(graph.info["num_pdfs"])
     acoustic_scale = c.acoustic_scale
@@ -333,15 +417,11 @@ def decode_sweep(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Graph
         sweep_seconds += time.time() - t1
     if not utts:
         raise AsrtrainError("decode: no utterance to decode")
-    audio = frames * frame_shift
-    stats = {"utterances": utts, "frames": frames, "audio_seconds": round(audio, 2),
+    stats = {"utterances": utts, "frames": frames, "audio_seconds": round(frames * frame_shift, 2),
              "nn_seconds": round(nn_seconds, 2), "search_seconds": round(search_seconds, 2),
-             "sweep_seconds": round(sweep_seconds, 2),
-             "real_time_factor": round((nn_seconds + search_seconds) / max(audio, 1e-9), 4),
-             "nn_real_time_factor": round(nn_seconds / max(audio, 1e-9), 4),
-             "search_real_time_factor": round(search_seconds / max(audio, 1e-9), 4),
-             "failed_utterances": failed, "untimed_paths": untimed}
-    return hyps, stats
+             "sweep_seconds": round(sweep_seconds, 2), "failed_utterances": failed,
+             "untimed_paths": untimed}
+    return hyps, with_rates(stats)
 
 
 # ---------------------------------------------------------------------------- scoring
@@ -374,13 +454,15 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
                "sweep": rows}
     counts = write_decode_dir(out_dir, _words(chosen), chosen, data, data_dir, summary)
     if counts:
-        log.info("decode %s: LM weight %d, insertion penalty %.1f %s; WER %s; real-time factor "
-                 "%.3f (network %.3f, search %.3f)", out_dir, lmwt, wip, how,
-                 ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()),
-                 stats["real_time_factor"], stats["nn_real_time_factor"],
-                 stats["search_real_time_factor"])
+        log.info("decode %s: LM weight %d, insertion penalty %.1f %s; WER %s", out_dir, lmwt,
+                 wip, how, ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()))
     else:
         log.info("decode %s: %s (lmwt %d, wip %.1f)", out_dir, how, lmwt, wip)
+    log.info("decode %s: %.0f s of audio; real-time factor %.3f (network %.3f, search %.3f), "
+             "per core %s, wall %s with %d jobs", out_dir, stats["audio_seconds"],
+             stats["real_time_factor"], stats["nn_real_time_factor"],
+             stats["search_real_time_factor"], stats.get("real_time_factor_per_core", "-"),
+             stats.get("wall_real_time_factor", "-"), stats.get("jobs", 1))
     return {**summary, "counts": counts}
 
 

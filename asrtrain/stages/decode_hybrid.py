@@ -56,7 +56,8 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     system = str(hcfg.model.name)
     data, dec = paths.data_set(name), paths.decode_dir(system, name)
     log.info("decode_hybrid %s %s: %s", system, name, describe_scoring(data))
-    summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph, data, dec, options)
+    summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph, data, dec, options,
+                            nj=int(ctx.cfg.nj))
     if tuned_on:
         note_tuned_on(dec, tuned_on)
     if summary.get("counts"):

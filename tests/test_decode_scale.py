@@ -1,0 +1,75 @@
+"""Hybrid decoding at scale on the tiny corpus: ``nj`` parallel jobs give what one job gives,
+``max_active`` caps the FasterDecoder's active states (a small cap still decodes, a large one
+equals no cap), and the real-time factor per core is reported in ``decode.json``.
+
+The graph, features and GMM come from test_hybrid_decode's module fixture (built again for this
+module: a monophone GMM on eval2000 and its HCLG).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_hybrid_decode import FAST, oracle_loglikes, setup, train_blstm  # noqa: F401
+
+from asrtrain.decode.hybrid import _shares, decode_hybrid, decode_loglikes, merge_stats
+
+pytestmark = pytest.mark.timeout(600)
+NO_CAP = 2**31 - 1
+
+
+def _outputs(out: Path) -> tuple[str, str, list]:
+    summary = json.loads((out / "decode.json").read_text())
+    return (out / "text").read_text(), (out / "ctm").read_text(), summary["sweep"]
+
+
+def test_parallel_jobs_decode_as_one_job(setup, tmp_path) -> None:  # noqa: F811
+    train_blstm(setup, tmp_path / "final.pt", steps=30)
+    options = {**FAST, "beam": 7.0, "lattice_beam": 3.0, "threads": 1, "batch_chunks": 64}
+    one = decode_hybrid(tmp_path / "final.pt", setup["graph"], setup["test"], tmp_path / "one",
+                        options, nj=1)
+    # audio_per_job=0: two jobs however little audio there is
+    two = decode_hybrid(tmp_path / "final.pt", setup["graph"], setup["test"], tmp_path / "two",
+                        options, nj=2, audio_per_job=0)
+    assert (one["jobs"], two["jobs"]) == (1, 2)
+    assert _outputs(tmp_path / "one") == _outputs(tmp_path / "two")
+    assert (one["utterances"], one["frames"]) == (two["utterances"], two["frames"])
+    saved = json.loads((tmp_path / "two" / "decode.json").read_text())
+    for summary in (one, two, saved):
+        assert summary["real_time_factor_per_core"] > 0 and summary["cpu_seconds"] > 0
+        assert summary["wall_real_time_factor"] > 0 and summary["wall_seconds"] > 0
+    # little audio and nj=2: one job, as starting a second costs more than it saves
+    few = decode_hybrid(tmp_path / "final.pt", setup["graph"], setup["test"], tmp_path / "few",
+                        options, nj=2)
+    assert few["jobs"] == 1 and _outputs(tmp_path / "few") == _outputs(tmp_path / "one")
+
+
+def test_a_large_max_active_equals_no_cap_and_a_small_one_decodes(setup, tmp_path) -> None:  # noqa: F811
+    faster = {**FAST, "decoder": "faster"}
+    runs = {}
+    for cap in (NO_CAP, 7000, 200, 5):
+        out = tmp_path / str(cap)
+        runs[cap] = decode_loglikes(oracle_loglikes(setup["ali"]), setup["graph"],
+                                    setup["gmm_data"], out, {**faster, "max_active": cap})
+    assert _outputs(tmp_path / str(NO_CAP)) == _outputs(tmp_path / "7000")
+    wer = {cap: r["wer"]["all"]["wer"] for cap, r in runs.items()}
+    assert all(r["failed_utterances"] == 0 for r in runs.values())
+    assert all((tmp_path / str(cap) / "ctm").read_text().strip() for cap in runs)
+    # 200 states a frame keep the oracle path; 5 do decode every utterance, but the cap bites
+    assert wer[NO_CAP] < 2.0 and wer[200] < 2.0 < wer[5]
+
+
+def test_shares_and_merged_stats() -> None:
+    utts = [f"u{i}" for i in range(7)]
+    assert _shares(utts, 3) == [utts[0:2], utts[2:5], utts[5:7]]
+    assert _shares(utts, 10) == [[u] for u in utts]
+    assert _shares(utts, 0) == [utts]
+    part = {"utterances": 2, "frames": 300, "audio_seconds": 3.0, "nn_seconds": 0.3,
+            "search_seconds": 0.6, "sweep_seconds": 0.1, "cpu_seconds": 1.2,
+            "failed_utterances": 0, "untimed_paths": 1}
+    merged = merge_stats([part, part])
+    assert merged["jobs"] == 2 and merged["frames"] == 600 and merged["untimed_paths"] == 2
+    assert merged["real_time_factor"] == pytest.approx(0.3)
+    assert merged["real_time_factor_per_core"] == pytest.approx(0.4)
