@@ -37,7 +37,7 @@ class SyntheticWorkload:
         self.x, self.y = synthetic.make_data(EXAMPLES, DIM, seed)
         self.steps, self.batch, self.lr0, self.decay = steps, batch, lr, decay
 
-    def steps_per_epoch(self, world: int) -> int:
+    def epoch_steps(self, epoch: int, world: int) -> int:
         return self.steps
 
     def batches(self, epoch: int, rank: int, world: int) -> Iterator:
@@ -234,8 +234,8 @@ def exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-TINY_HYBRID = ["hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16",
-               "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=16"]
+TINY_HYBRID = ["hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16"]
+SSGD_RUN = [*TINY_HYBRID, "hybrid.trainer.batch_chunks=16", "hybrid.trainer.epochs=2"]
 
 
 def asrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -250,12 +250,13 @@ def test_simulated_ssgd_equals_the_real_trainer_on_the_hybrid_task(exp: Path,
     `asrtrain simulate` with 4 learners give the same hybrid BLSTM, to rounding: the same
     resident chunk batches, Adam, clipping, LR schedule and gradient averaging."""
     real = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train_hybrid", "--to",
-                    "train_hybrid", *TINY_HYBRID, "hybrid.model.name=h_ssgd",
+                    "train_hybrid", *SSGD_RUN, "hybrid.model.name=h_ssgd",
                     "trainer.backend=ssgd", "trainer.learners=4")
     assert real.returncode == 0, real.stderr[-3000:]
     out = tmp_path / "ssgd.json"
-    sim = asrtrain("simulate", "recipes/tiny", f"exp_dir={exp}", *TINY_HYBRID, "--learners", "4",
-                   "--backend", "ssgd", "--log-every", "20", "--out", str(out))
+    sim = asrtrain("simulate", "recipes/tiny", f"exp_dir={exp}", *SSGD_RUN,
+                   "--learners", "4", "--backend", "ssgd",
+                   "--log-every", "20", "--out", str(out))
     assert sim.returncode == 0, sim.stderr[-3000:]
     trained = torch.load(exp / "train" / "h_ssgd" / "final.pt", map_location="cpu",
                          weights_only=False)
@@ -263,9 +264,9 @@ def test_simulated_ssgd_equals_the_real_trainer_on_the_hybrid_task(exp: Path,
     for k, v in trained["model"].items():
         assert torch.allclose(simulated[k], v, atol=1e-6), k
     traj = json.loads(out.read_text())
-    assert traj["epochs"][0]["samples"] == trained["metrics"]["global_samples"]
-    assert traj["epochs"][0]["heldout_loss"] == pytest.approx(trained["metrics"]["dev_loss"],
-                                                              rel=1e-5)
+    assert traj["epochs"][-1]["samples"] == trained["metrics"]["global_samples"]
+    assert traj["epochs"][-1]["heldout_loss"] == pytest.approx(trained["metrics"]["dev_loss"],
+                                                               rel=1e-5)
 
 
 @pytest.mark.timeout(600)
@@ -273,8 +274,8 @@ def test_simulate_command_on_the_hybrid_task(exp: Path, tmp_path: Path) -> None:
     out = tmp_path / "traj.json"
     proc = subprocess.run(
         [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", f"exp_dir={exp}",
-         "hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16",
-         "hybrid.trainer.batch_chunks=8", "hybrid.trainer.epochs=1", "trainer.topology=ring",
+         *TINY_HYBRID, "hybrid.trainer.batch_chunks=8", "hybrid.trainer.epochs=1",
+         "trainer.topology=ring",
          "--learners", "16", "--backend", "adpsgd", "--speed", "straggler:1:4",
          "--log-every", "5", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)

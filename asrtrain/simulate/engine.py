@@ -57,7 +57,7 @@ class Workload(Protocol):
 
     model: torch.nn.Module
 
-    def steps_per_epoch(self, world: int) -> int: ...
+    def epoch_steps(self, epoch: int, world: int) -> int: ...
 
     def batches(self, epoch: int, rank: int, world: int) -> Iterator[Any]: ...
 
@@ -166,12 +166,12 @@ class Simulator:
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> Trajectory:
         cfg = self.cfg
-        steps = self.work.steps_per_epoch(cfg.learners)
-        bar = tqdm(total=cfg.epochs * steps * cfg.members(), desc="simulate", unit="step",
+        steps = [self.work.epoch_steps(e, cfg.learners) for e in range(1, cfg.epochs + 1)]
+        bar = tqdm(total=sum(steps) * cfg.members(), desc="simulate", unit="step",
                    disable=None, leave=False)
         wall = time.perf_counter()
         for epoch in range(1, cfg.epochs + 1):
-            self._epoch(epoch, steps, bar)
+            self._epoch(epoch, steps[epoch - 1], bar)
         bar.close()
         self.traj.config["wall_s"] = time.perf_counter() - wall
         return self.traj

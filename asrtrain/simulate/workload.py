@@ -16,8 +16,9 @@ from omegaconf import DictConfig
 from asrtrain import AsrtrainError
 from asrtrain.models import build_model
 from asrtrain.train.config import TrainerConfig
+from asrtrain.train.data import shard
 from asrtrain.train.schedule import LRSchedule
-from asrtrain.train.tasks import build_task
+from asrtrain.train.tasks import FrameCETask, build_task
 from asrtrain.train.trainer import build_optimizer
 
 SYSTEMS = ("hybrid", "ctc")
@@ -48,8 +49,12 @@ class TaskWorkload:
         self.model = build_model(cfg.model, self.task.input_dim, self.task.output_dim)
         self.schedule = LRSchedule.from_config(self.tcfg, self.task.samples_per_epoch)
 
-    def steps_per_epoch(self, world: int) -> int:
-        return self.task.steps_per_epoch(world)
+    def epoch_steps(self, epoch: int, world: int) -> int:
+        """Steps every learner takes in ``epoch`` (the epoch's seed deals the shards)."""
+        task, seed = self.task, self.task.seed + epoch
+        if isinstance(task, FrameCETask):
+            return task.train_set.steps(seed, world, task.batch_size)
+        return len(shard(task.train_set.batches(task.batch_frames, seed), 0, world))
 
     def batches(self, epoch: int, rank: int, world: int) -> Iterator[Any]:
         return iter(self.task.epoch(epoch, rank, world))
