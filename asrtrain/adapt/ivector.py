@@ -1,0 +1,463 @@
+"""Diagonal UBM and i-vector extractor, as Kaldi's online recipe (``steps/online/nnet2``):
+``train_diag_ubm.sh`` (``gmm-global-init-from-feats``, ``gmm-global-est``),
+``train_ivector_extractor.sh`` (``ivector-extractor-init``, ``ivector-extractor-acc-stats``,
+``ivector-extractor-est``), ``ivector-extract`` and ``ivector-extract-online2``.
+
+The model is Kaldi's ``IvectorExtractor`` without weight projection: frame ``x`` given
+component ``c`` and i-vector ``w`` is ``N(M_c w, Sigma_c)`` (full ``Sigma_c``) with prior
+``w ~ N([prior_offset, 0, ...], I)``, so ``M_c[:, 0] * prior_offset`` is the component mean.
+Component posteriors come from the diagonal UBM (top ``num_gselect``, pruned below
+``min_post``, scaled by ``posterior_scale``) and stay fixed, so the Baum-Welch statistics of the
+utterances are computed once and every EM iteration is a batched solve over utterances.
+The i-vectors returned have the prior offset taken off their first dimension (as
+``ivector-extract`` writes them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from asrtrain import STAGE_LOG_ONLY, AsrtrainError
+
+log = logging.getLogger(__name__)
+LOG_2PI = math.log(2 * math.pi)
+
+
+# ---------------------------------------------------------------------------- diagonal UBM
+@dataclass
+class DiagUbm:
+    log_weights: torch.Tensor   # [C]
+    means: torch.Tensor         # [C, D]
+    vars: torch.Tensor          # [C, D]
+
+    @property
+    def num_gauss(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def to(self, device: torch.device | str) -> DiagUbm:
+        return DiagUbm(self.log_weights.to(device), self.means.to(device), self.vars.to(device))
+
+    def loglikes(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, C]`` log weight + log-likelihood of every component (``gmm-gselect`` scores)."""
+        inv = 1.0 / self.vars
+        gconst = self.log_weights - 0.5 * (self.dim * LOG_2PI + self.vars.log().sum(-1)
+                                           + (self.means ** 2 * inv).sum(-1))
+        x = x.to(self.means)
+        return gconst + x @ (self.means * inv).T - 0.5 * (x * x) @ inv.T
+
+    def posteriors(self, x: torch.Tensor, num_gselect: int = 5, min_post: float = 0.025,
+                   scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``gmm-global-get-post --n=num_gselect --min-post=min_post | scale-post``: the
+        indices ``[N, n]`` and posteriors ``[N, n]`` of each frame's best components (pruned
+        ones have posterior 0; the rest renormalised to sum to ``scale``)."""
+        ll = self.loglikes(x)
+        top, idx = ll.topk(min(num_gselect, self.num_gauss), dim=1)
+        post = torch.softmax(top, dim=1)
+        post = torch.where(post >= min_post, post, torch.zeros_like(post))
+        post = post / post.sum(1, keepdim=True)
+        return idx, post * scale
+
+
+def _check_frames(x: torch.Tensor, need: int, what: str) -> None:
+    if x.dim() != 2:
+        raise AsrtrainError(f"{what}: frames must be [frames, dim], got {tuple(x.shape)}")
+    if x.shape[0] < need:
+        raise AsrtrainError(f"{what}: {x.shape[0]} frames; need at least {need}")
+    if not bool(torch.isfinite(x).all()):
+        raise AsrtrainError(f"{what}: the frames hold non-finite values")
+
+
+def _ubm_em_step(ubm: DiagUbm, x: torch.Tensor, block: int, min_variance: float,
+                 min_gaussian_weight: float) -> tuple[DiagUbm, float]:
+    """One EM iteration over ``x`` (``gmm-global-acc-stats`` + ``gmm-global-est``); components
+    whose weight falls below ``min_gaussian_weight`` are removed (Kaldi's
+    ``--remove-low-count-gaussians``). Returns the new UBM and the log-likelihood per frame."""
+    c, d = ubm.num_gauss, ubm.dim
+    occ = torch.zeros(c, dtype=torch.float64, device=x.device)
+    sx = torch.zeros(c, d, dtype=torch.float64, device=x.device)
+    sxx = torch.zeros(c, d, dtype=torch.float64, device=x.device)
+    tot = 0.0
+    for i in range(0, len(x), block):
+        xb = x[i:i + block].double()
+        ll = ubm.loglikes(xb)
+        norm = torch.logsumexp(ll, dim=1)
+        post = torch.exp(ll - norm[:, None])
+        tot += float(norm.sum())
+        occ += post.sum(0)
+        sx += post.T @ xb
+        sxx += post.T @ (xb * xb)
+    keep = occ / occ.sum() >= min_gaussian_weight
+    if not bool(keep.all()):
+        log.info("diag UBM: removing %d of %d components with weight < %g",
+                 int((~keep).sum()), c, min_gaussian_weight, extra=STAGE_LOG_ONLY)
+    occ, sx, sxx = occ[keep], sx[keep], sxx[keep]
+    mean = sx / occ[:, None]
+    var = (sxx / occ[:, None] - mean * mean).clamp(min=min_variance)
+    return DiagUbm((occ / occ.sum()).log(), mean, var), tot / len(x)
+
+
+def _split_ubm(ubm: DiagUbm, target: int, perturb: float, gen: torch.Generator) -> DiagUbm:
+    """``DiagGmm::Split``: split the heaviest component until ``target`` components; the two
+    halves' means move apart by ``perturb`` standard deviations along a random direction."""
+    lw, means, var = ubm.log_weights.clone(), ubm.means.clone(), ubm.vars.clone()
+    while len(lw) < target:
+        k = int(torch.argmax(lw))
+        step = perturb * var[k].sqrt() * torch.randn(ubm.dim, generator=gen,
+                                                     dtype=torch.float64).to(var)
+        lw[k] -= math.log(2)
+        lw = torch.cat([lw, lw[k:k + 1]])
+        means = torch.cat([means, (means[k] + step)[None]])
+        means[k] -= step
+        var = torch.cat([var, var[k:k + 1]])
+    return DiagUbm(lw, means, var)
+
+
+def train_diag_ubm(x: torch.Tensor, num_gauss: int = 512, num_gauss_init: int = 0,
+                   num_iters_init: int = 20, num_iters: int = 4, num_frames: int = 500000,
+                   min_gaussian_weight: float = 1e-4, min_variance: float = 1e-3,
+                   perturb: float = 0.2, seed: int = 0, block: int = 20000) -> tuple[DiagUbm,
+                                                                                     list]:
+    """``train_diag_ubm.sh``: initialise from ``num_frames`` random frames
+    (``gmm-global-init-from-feats``: ``num_gauss_init`` components at random frames with the
+    global variance, default half of ``num_gauss``, EM for ``num_iters_init`` iterations, mixing
+    up in equal steps over the first half), then ``num_iters`` EM iterations on all frames.
+    Returns the UBM and the log-likelihood per frame of each iteration."""
+    _check_frames(x, 2 * num_gauss, "train_diag_ubm")
+    gen = torch.Generator().manual_seed(seed)
+    x = x.double()
+    sub = x[torch.randperm(len(x), generator=gen)[:num_frames].to(x.device)]
+    init = num_gauss_init or max(1, num_gauss // 2)
+    pick = torch.randperm(len(sub), generator=gen)[:init].to(x.device)
+    var = sub.var(0).clamp(min=min_variance)
+    ubm = DiagUbm(torch.full((init,), -math.log(init), dtype=torch.float64, device=x.device),
+                  sub[pick].clone(), var.expand(init, -1).clone())
+    half = max(1, num_iters_init // 2)
+    inc = max(1, math.ceil((num_gauss - init) / half))
+    history = []
+    bar = tqdm(total=num_iters_init + num_iters, desc="diag UBM", unit="iter", file=sys.stderr,
+               disable=None, leave=False)
+    for it in range(num_iters_init + num_iters):
+        data = sub if it < num_iters_init else x
+        ubm, ll = _ubm_em_step(ubm, data, block, min_variance,
+                               min_gaussian_weight if it >= num_iters_init else 0.0)
+        history.append({"iter": it, "loglike_per_frame": ll, "num_gauss": ubm.num_gauss})
+        log.info("diag UBM iter %d: %.4f per frame, %d components", it, ll, ubm.num_gauss,
+                 extra=STAGE_LOG_ONLY)
+        if it < half and ubm.num_gauss < num_gauss:
+            ubm = _split_ubm(ubm, min(num_gauss, ubm.num_gauss + inc), perturb, gen)
+        bar.update()
+    bar.close()
+    return ubm, history
+
+
+# ---------------------------------------------------------------------------- statistics
+@dataclass
+class PosteriorOptions:
+    """How frames' component posteriors are taken from the UBM (the online recipe's values)."""
+
+    num_gselect: int = 5
+    min_post: float = 0.025
+    posterior_scale: float = 0.1
+
+
+@dataclass
+class UttStats:
+    """Zeroth and first order Baum-Welch statistics of utterances (or speakers)."""
+
+    gamma: torch.Tensor   # [U, C]
+    X: torch.Tensor       # [U, C, D]
+
+    def __len__(self) -> int:
+        return self.gamma.shape[0]
+
+
+def utterance_stats(ubm: DiagUbm, utts: list[torch.Tensor], opts: PosteriorOptions,
+                    second_order: bool = False) -> tuple[UttStats, torch.Tensor | None]:
+    """Each utterance's ``(gamma, X)``; with ``second_order``, also the total ``S_c = sum
+    gamma x x^T`` ``[C, D, D]`` the variance update needs."""
+    c, d = ubm.num_gauss, ubm.dim
+    dev = ubm.means.device
+    gamma = torch.zeros(len(utts), c, dtype=torch.float64, device=dev)
+    xs = torch.zeros(len(utts), c, d, dtype=torch.float64, device=dev)
+    s = torch.zeros(c, d * d, dtype=torch.float64, device=dev) if second_order else None
+    for u, x in enumerate(utts):
+        x = x.to(dev, torch.float64)
+        if x.dim() != 2 or x.shape[1] != d:
+            raise AsrtrainError(f"i-vector stats: utterance {u} has shape {tuple(x.shape)}; "
+                                f"the UBM is {d}-dim")
+        idx, post = ubm.posteriors(x, opts.num_gselect, opts.min_post, opts.posterior_scale)
+        gamma[u].index_add_(0, idx.flatten(), post.flatten())
+        rows = (post[:, :, None] * x[:, None, :]).reshape(-1, d)
+        xs[u].index_add_(0, idx.flatten(), rows)
+        if s is not None:
+            outer = (x[:, :, None] * x[:, None, :]).reshape(len(x), d * d)
+            for k in range(idx.shape[1]):
+                s.index_add_(0, idx[:, k], post[:, k, None] * outer)
+    return UttStats(gamma, xs), (s.view(c, d, d) if s is not None else None)
+
+
+# ---------------------------------------------------------------------------- the extractor
+@dataclass
+class IvectorExtractor:
+    M: torch.Tensor           # [C, D, R]
+    sigma_inv: torch.Tensor   # [C, D, D]
+    prior_offset: float = 100.0
+    _derived: tuple | None = field(default=None, repr=False)
+
+    @property
+    def ivector_dim(self) -> int:
+        return self.M.shape[2]
+
+    @classmethod
+    def init_from_ubm(cls, ubm: DiagUbm, ivector_dim: int = 100, seed: int = 0
+                      ) -> IvectorExtractor:
+        """``ivector-extractor-init`` on ``gmm-global-to-fgmm``: ``Sigma_c`` the UBM's
+        (diagonal) variances, ``M_c`` random normal with the first column ``mean_c / 100``."""
+        if ivector_dim < 2:
+            raise AsrtrainError(f"ivector_dim must be >= 2, got {ivector_dim}")
+        gen = torch.Generator().manual_seed(seed)
+        c, d = ubm.num_gauss, ubm.dim
+        m = torch.randn(c, d, ivector_dim, generator=gen, dtype=torch.float64).to(ubm.means)
+        m[:, :, 0] = ubm.means / 100.0
+        return cls(m, torch.diag_embed(1.0 / ubm.vars), 100.0)
+
+    def derived(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Sigma_c^-1 M_c`` ``[C, D, R]`` and ``M_c^T Sigma_c^-1 M_c`` ``[C, R, R]``."""
+        if self._derived is None:
+            sm = self.sigma_inv @ self.M
+            u = self.M.transpose(1, 2) @ sm
+            self._derived = (sm, (u + u.transpose(1, 2)) / 2)
+        return self._derived
+
+    def posterior(self, stats: UttStats, block: int = 256) -> tuple[torch.Tensor,
+                                                                    torch.Tensor]:
+        """The i-vector posteriors of each row of ``stats``: means ``[U, R]`` (with the prior
+        offset in dimension 0) and covariances ``[U, R, R]`` (``GetIvectorDistribution``:
+        precision ``I + sum_c gamma_c M_c^T Sigma_c^-1 M_c``, linear term
+        ``sum_c M_c^T Sigma_c^-1 X_c + prior_offset e_0``)."""
+        sm, u = self.derived()
+        r = self.ivector_dim
+        means, covs = [], []
+        eye = torch.eye(r, dtype=torch.float64, device=self.M.device)
+        for i in range(0, len(stats), block):
+            g, x = stats.gamma[i:i + block], stats.X[i:i + block]
+            lin = torch.einsum("ucd,cdr->ur", x, sm)
+            lin[:, 0] += self.prior_offset
+            prec = eye + torch.einsum("uc,crs->urs", g, u)
+            chol = torch.linalg.cholesky(prec)
+            means.append(torch.cholesky_solve(lin[:, :, None], chol)[:, :, 0])
+            covs.append(torch.cholesky_inverse(chol))
+        return torch.cat(means), torch.cat(covs)
+
+    def extract(self, stats: UttStats) -> torch.Tensor:
+        """``ivector-extract``: ``[U, R]`` i-vectors, prior offset removed."""
+        mean, _ = self.posterior(stats)
+        mean[:, 0] -= self.prior_offset
+        return mean
+
+
+def online_stats(ubm: DiagUbm, x: torch.Tensor, opts: PosteriorOptions, period: int = 10
+                 ) -> UttStats:
+    """The statistics ``ivector-extract-online2 --ivector-period=period`` sees at frames
+    ``0, period, 2 period, ...``: row ``k`` holds frames ``0 .. k * period`` (inclusive)."""
+    if period < 1:
+        raise AsrtrainError(f"ivector period must be >= 1, got {period}")
+    c, d = ubm.num_gauss, ubm.dim
+    x = x.to(ubm.means.device, torch.float64)
+    rows = (len(x) + period - 1) // period
+    idx, post = ubm.posteriors(x, opts.num_gselect, opts.min_post, opts.posterior_scale)
+    row_of = (torch.arange(len(x), device=x.device) + period - 1) // period   # first row >= t
+    flat = row_of[:, None] * c + idx                                         # [T, n]
+    gamma = torch.zeros(rows * c, dtype=torch.float64, device=x.device)
+    gamma.index_add_(0, flat.flatten(), post.flatten())
+    xs = torch.zeros(rows * c, d, dtype=torch.float64, device=x.device)
+    xs.index_add_(0, flat.flatten(), (post[:, :, None] * x[:, None, :]).reshape(-1, d))
+    return UttStats(gamma.view(rows, c).cumsum(0), xs.view(rows, c, d).cumsum(0))
+
+
+def extract_online(extractor: IvectorExtractor, ubm: DiagUbm, x: torch.Tensor,
+                   opts: PosteriorOptions, period: int = 10) -> torch.Tensor:
+    """``[ceil(T / period), R]`` i-vectors, row ``k`` from the statistics up to frame
+    ``k * period`` (Kaldi's ``EstimateIvectorsOnline``, solved exactly where Kaldi runs
+    conjugate gradient to convergence)."""
+    return extractor.extract(online_stats(ubm, x, opts, period))
+
+
+def frame_ivectors(rows: torch.Tensor, num_frames: int, period: int = 10) -> torch.Tensor:
+    """``[T, R]``: frame ``t`` gets row ``t // period`` (how online i-vectors are attached to
+    the frames of a neural network's input)."""
+    return rows[torch.arange(num_frames, device=rows.device) // period]
+
+
+# ---------------------------------------------------------------------------- EM
+@dataclass
+class ExtractorAccs:
+    """``IvectorExtractorStats``: ``Y_c = sum X_c w^T``, ``R_c = sum gamma_c E[w w^T]`` and the
+    prior's ``sum E[w]``, ``sum E[w w^T]``."""
+
+    Y: torch.Tensor
+    R: torch.Tensor
+    ivector_sum: torch.Tensor
+    ivector_scatter: torch.Tensor
+    num_ivectors: int
+
+
+def accumulate_extractor(extractor: IvectorExtractor, stats: UttStats, block: int = 256
+                         ) -> ExtractorAccs:
+    """The E step (``ivector-extractor-acc-stats``) over all utterances, in blocks."""
+    c, d, r = extractor.M.shape
+    z = dict(dtype=torch.float64, device=extractor.M.device)
+    acc = ExtractorAccs(torch.zeros(c, d, r, **z), torch.zeros(c, r, r, **z),
+                        torch.zeros(r, **z), torch.zeros(r, r, **z), len(stats))
+    for i in range(0, len(stats), block):
+        part = UttStats(stats.gamma[i:i + block], stats.X[i:i + block])
+        mean, cov = extractor.posterior(part, block)
+        second = cov + mean[:, :, None] * mean[:, None, :]
+        acc.Y += torch.einsum("ucd,ur->cdr", part.X, mean)
+        acc.R += torch.einsum("uc,urs->crs", part.gamma, second)
+        acc.ivector_sum += mean.sum(0)
+        acc.ivector_scatter += second.sum(0)
+    return acc
+
+
+def _floor_covariances(sigma: torch.Tensor, floor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``SpMatrix::ApplyFloor``: each ``Sigma_c`` raised so that ``Sigma_c >= floor`` (in the
+    positive-definite order); returns the floored matrices and how many eigenvalues moved."""
+    lf = torch.linalg.cholesky(floor)
+    eye = torch.eye(floor.shape[0], dtype=floor.dtype, device=floor.device)
+    lfi = torch.linalg.solve_triangular(lf, eye, upper=False)
+    t = lfi @ sigma @ lfi.T
+    ev, vec = torch.linalg.eigh((t + t.transpose(1, 2)) / 2)
+    moved = int((ev < 1).sum())
+    t = vec @ torch.diag_embed(ev.clamp(min=1.0)) @ vec.transpose(1, 2)
+    return lf @ t @ lf.T, moved
+
+
+def _acoustic_auxf(m: torch.Tensor, sigma: torch.Tensor, acc: ExtractorAccs,
+                   gamma: torch.Tensor, s: torch.Tensor) -> float:
+    """Expected log-likelihood of the frames given the i-vector posteriors (total)."""
+    d = m.shape[1]
+    sinv = torch.linalg.inv(sigma)
+    resid = s - m @ acc.Y.transpose(1, 2) - acc.Y @ m.transpose(1, 2) + m @ acc.R @ \
+        m.transpose(1, 2)
+    logdet = torch.linalg.slogdet(sigma)[1]
+    return float((-0.5 * gamma * (d * LOG_2PI + logdet)).sum()
+                 - 0.5 * (sinv * resid).sum())
+
+
+def update_extractor(extractor: IvectorExtractor, acc: ExtractorAccs, gamma: torch.Tensor,
+                     s: torch.Tensor, variance_floor_factor: float = 0.1,
+                     gaussian_min_count: float = 100.0) -> dict:
+    """The M step (``ivector-extractor-est``): ``M_c = Y_c R_c^-1``, ``Sigma_c = (S_c -
+    M_c Y_c^T) / gamma_c`` floored at ``variance_floor_factor`` times the average covariance,
+    then the prior update (``UpdatePrior``): the i-vector space is transformed so that the
+    i-vectors' mean is ``[prior_offset, 0, ...]`` and their covariance the identity."""
+    c, d, r = extractor.M.shape
+    sigma_old = torch.linalg.inv(extractor.sigma_inv)
+    before = _acoustic_auxf(extractor.M, sigma_old, acc, gamma, s)
+    ok = gamma >= gaussian_min_count
+    if not bool(ok.all()):
+        log.warning("i-vector extractor: %d of %d components have count < %g and keep their "
+                    "parameters", int((~ok).sum()), c, gaussian_min_count)
+    m_new = torch.linalg.solve(acc.R, acc.Y.transpose(1, 2)).transpose(1, 2)
+    m = torch.where(ok[:, None, None], m_new, extractor.M)
+    sig = (s - m @ acc.Y.transpose(1, 2)) / gamma.clamp(min=1e-10)[:, None, None]
+    sig = (sig + sig.transpose(1, 2)) / 2
+    floor = variance_floor_factor * (gamma[ok, None, None] * sig[ok]).sum(0) / gamma[ok].sum()
+    sig, floored = _floor_covariances(sig, floor)
+    sig = torch.where(ok[:, None, None], sig, sigma_old)
+    after = _acoustic_auxf(m, sig, acc, gamma, s)
+    m, offset, prior_gain = _update_prior(m, acc, extractor.prior_offset)
+    extractor.M, extractor.sigma_inv, extractor.prior_offset = m, torch.linalg.inv(sig), offset
+    extractor._derived = None
+    frames = float(gamma.sum())
+    return {"auxf_per_frame": after / frames, "auxf_impr_per_frame": (after - before) / frames,
+            "prior_impr_per_frame": prior_gain * acc.num_ivectors / frames,
+            "floored_eigenvalues": floored, "prior_offset": offset}
+
+
+def _update_prior(m: torch.Tensor, acc: ExtractorAccs, old_offset: float
+                  ) -> tuple[torch.Tensor, float, float]:
+    """Kaldi's ``UpdatePrior``: ``V = H T`` with ``T`` whitening the i-vectors' covariance and
+    ``H`` a Householder reflection sending their mean to a multiple of ``e_0``; ``M_c V^-1``
+    keeps every ``M_c w`` while the prior becomes ``N(offset e_0, I)``. Returns the new ``M``,
+    the new offset and the prior's likelihood gain per i-vector (``PriorDiagnostics``)."""
+    r = m.shape[2]
+    mean = acc.ivector_sum / acc.num_ivectors
+    covar = acc.ivector_scatter / acc.num_ivectors - torch.outer(mean, mean)
+    covar = (covar + covar.T) / 2
+    s, p = torch.linalg.eigh(covar)
+    floored = int((s < 1e-7).sum())
+    if floored:
+        log.warning("i-vector prior: floored %d eigenvalues of the i-vectors' covariance",
+                    floored)
+    s = s.clamp(min=1e-7)
+    t = p.T / s.sqrt()[:, None]
+    xdir = t @ mean
+    xdir = xdir / xdir.norm()
+    v = t
+    if float(xdir[0]) < 1.0 - 1e-12:
+        alpha = 1.0 / (math.sqrt(2.0) * math.sqrt(1.0 - float(xdir[0])))
+        a = alpha * xdir
+        a[0] -= alpha
+        v = (torch.eye(r, dtype=m.dtype, device=m.device) - 2 * torch.outer(a, a)) @ t
+    offset = float((v @ mean)[0])
+    centred = mean.clone()
+    centred[0] -= old_offset
+    old_like = -0.5 * float(torch.trace(covar) + centred.dot(centred))
+    new_like = -0.5 * (r + float(torch.linalg.slogdet(covar)[1]))
+    return m @ torch.linalg.inv(v), offset, new_like - old_like
+
+
+@dataclass
+class ExtractorConfig:
+    """``train_ivector_extractor.sh`` options (Kaldi's defaults but ``num_iters``)."""
+
+    ivector_dim: int = 100
+    num_iters: int = 10
+    variance_floor_factor: float = 0.1
+    gaussian_min_count: float = 100.0
+    seed: int = 0
+    posteriors: PosteriorOptions = field(default_factory=PosteriorOptions)
+
+
+def train_ivector_extractor(ubm: DiagUbm, utts: list[torch.Tensor],
+                            cfg: ExtractorConfig | None = None) -> tuple[IvectorExtractor,
+                                                                          list[dict]]:
+    """Initialise from the UBM and run ``cfg.num_iters`` EM iterations over the utterances
+    (tensors ``[T, D]``; speakers' or utterances', as the recipe chooses); on the UBM's device.
+    Returns the extractor and one dict per iteration (auxf per frame, its improvement,
+    seconds)."""
+    cfg = cfg or ExtractorConfig()
+    if not utts:
+        raise AsrtrainError("train_ivector_extractor: no utterances")
+    frames = sum(len(u) for u in utts)
+    if frames < 10 * ubm.num_gauss:
+        raise AsrtrainError(f"train_ivector_extractor: {frames} frames for a "
+                            f"{ubm.num_gauss}-component UBM; need at least "
+                            f"{10 * ubm.num_gauss}")
+    stats, s = utterance_stats(ubm, utts, cfg.posteriors, second_order=True)
+    ext = IvectorExtractor.init_from_ubm(ubm, cfg.ivector_dim, cfg.seed)
+    gamma = stats.gamma.sum(0)
+    history = []
+    for it in tqdm(range(cfg.num_iters), desc="i-vector extractor", unit="iter",
+                   file=sys.stderr, disable=None, leave=False):
+        t0 = time.time()
+        acc = accumulate_extractor(ext, stats)
+        entry = {"iter": it, **update_extractor(ext, acc, gamma, s, cfg.variance_floor_factor,
+                                                cfg.gaussian_min_count)}
+        entry["seconds"] = round(time.time() - t0, 3)
+        history.append(entry)
+        log.info("i-vector extractor: %s", entry, extra=STAGE_LOG_ONLY)
+    return ext, history
