@@ -208,11 +208,7 @@ def test_fmllr_recovers_the_inverse_of_a_known_affine_transform() -> None:
         y = x @ a0.T + b0
         post = torch.nn.functional.one_hot(comp, 12).to(F64)
         m, v = gmm.means[0].expand(len(x), -1, -1), gmm.vars[0].expand(len(x), -1, -1)
-        if spk == 1:   # the second speaker's own GMM: stats per speaker, model per frame
-            stats_gmm = FrameGaussians(post, m, v)
-        else:
-            stats_gmm = FrameGaussians(post, m, v)
-        stats.accumulate(y, stats_gmm, spk)
+        stats.accumulate(y, FrameGaussians(post, m, v), spk)   # each speaker its own GMM
         inv = torch.linalg.inv(a0)
         truth.append(torch.cat([inv, -(inv @ b0)[:, None]], dim=1))
     res = estimate_fmllr(stats, speakers=["spkA", "spkB"])
@@ -279,9 +275,8 @@ def ivector_model():
     means = 4.0 * torch.randn(C, D, generator=g, dtype=F64)
     var = 0.5 + torch.rand(C, D, generator=g, dtype=F64)
     basis = torch.randn(C, D, 3, generator=g, dtype=F64)
-    utts = []
-    for _ in range(120):
-        y = torch.randn(3, generator=g, dtype=F64)
+    utts, factors = [], torch.randn(120, 3, generator=g, dtype=F64)
+    for y in factors:
         c = torch.randint(0, C, (250,), generator=g)
         utts.append(means[c] + basis[c] @ y
                     + var[c].sqrt() * torch.randn(250, D, generator=g, dtype=F64))
@@ -289,7 +284,7 @@ def ivector_model():
     cfg = ExtractorConfig(ivector_dim=R, num_iters=6, gaussian_min_count=10.0,
                           posteriors=PosteriorOptions(posterior_scale=1.0))
     ext, hist = train_ivector_extractor(ubm, utts, cfg)
-    return ubm, ubm_hist, ext, hist, cfg
+    return ubm, ubm_hist, ext, hist, cfg, utts, factors
 
 
 def test_diag_ubm_training_mixes_up_and_improves(ivector_model) -> None:
@@ -304,15 +299,26 @@ def test_diag_ubm_training_mixes_up_and_improves(ivector_model) -> None:
 
 
 def test_ivector_extractor_em_improves_and_normalises_the_prior(ivector_model) -> None:
-    ubm, _, ext, hist, cfg = ivector_model
+    ubm, _, ext, hist, cfg, utts, factors = ivector_model
     assert hist[0]["auxf_impr_per_frame"] > 0.1
     assert all(h["auxf_impr_per_frame"] > -1e-9 for h in hist), hist
     assert hist[-1]["auxf_impr_per_frame"] < 0.05 * hist[0]["auxf_impr_per_frame"]
-    # the prior update leaves the training i-vectors with zero mean, unit covariance
-    g = _gen(21)
-    utts = [ubm.means[torch.randint(0, C, (200,), generator=g)] for _ in range(3)]
-    ivecs = ext.extract(utterance_stats(ubm, utts, cfg.posteriors)[0])
-    assert ivecs.shape == (3, R)
+    # the prior update makes the training i-vectors' distribution N(0, I): mean of the
+    # posterior means ~ 0, their scatter plus the mean posterior covariance ~ I (the last M step
+    # came after the prior was fitted, and moves dimension 0, the mean's, most: 0.89 here)
+    stats = utterance_stats(ubm, utts, cfg.posteriors)[0]
+    ivecs = ext.extract(stats)
+    _, cov = ext.posterior(stats)
+    assert ivecs.shape == (len(utts), R)
+    assert float(ivecs.mean(0).abs().max()) < 0.05
+    second = ivecs.T @ ivecs / len(ivecs) + cov.mean(0)
+    assert torch.allclose(second, torch.eye(R, dtype=F64), atol=0.15), second
+    assert torch.allclose(second[1:, 1:], torch.eye(R - 1, dtype=F64), atol=0.02), second
+    # the i-vectors carry the utterances' speaker factors: a linear map recovers them
+    design = torch.cat([ivecs, torch.ones(len(ivecs), 1, dtype=F64)], dim=1)
+    fit = design @ torch.linalg.lstsq(design, factors).solution
+    r2 = 1 - ((factors - fit) ** 2).sum(0) / ((factors - factors.mean(0)) ** 2).sum(0)
+    assert float(r2.min()) > 0.95, r2
 
 
 def _utterance_from_ubm(ubm, frames: int, seed: int):
@@ -327,7 +333,7 @@ def test_ivector_of_a_mean_shift_points_along_the_shift(ivector_model) -> None:
     ``delta``: the i-vector moves along ``L^-1 gamma_c M_c^T Sigma_c^-1 delta`` (the closed
     form when the posteriors stay put), and twice the shift moves it twice as far along the
     same direction."""
-    ubm, _, ext, _, cfg = ivector_model
+    ubm, _, ext, _, cfg, _, _ = ivector_model
     comp, x = _utterance_from_ubm(ubm, 3000, seed=22)
     c = int(torch.argmax(ubm.log_weights))
     delta = 0.3 * ubm.vars[c].sqrt() * torch.tensor([1.0, -1.0, 0.5, 0.0, 1.0, -0.5], dtype=F64)
@@ -346,7 +352,7 @@ def test_ivector_of_a_mean_shift_points_along_the_shift(ivector_model) -> None:
 
 
 def test_online_ivectors_equal_batch_at_the_last_frame(ivector_model) -> None:
-    ubm, _, ext, _, cfg = ivector_model
+    ubm, _, ext, _, cfg, _, _ = ivector_model
     _, x = _utterance_from_ubm(ubm, 401, seed=23)             # rows at frames 0, 10, .., 400
     rows = extract_online(ext, ubm, x, cfg.posteriors, period=10)
     assert rows.shape == (41, R)
