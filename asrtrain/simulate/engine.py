@@ -232,6 +232,7 @@ class Simulator:
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
+        x.grad = None  # one gradient at a time, not one per member
         self.counts[m, m] += samples
         self.samples += samples
         self.losses.extend(losses)
