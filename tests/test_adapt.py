@@ -367,3 +367,23 @@ def test_online_ivectors_equal_batch_at_the_last_frame(ivector_model) -> None:
     assert not torch.allclose(rows[0], rows[1], atol=1e-3)
     per_frame = frame_ivectors(rows, len(x), period=10)
     assert per_frame.shape == (401, R) and torch.equal(per_frame[19], rows[1])
+
+
+def test_extractor_training_streamed_in_blocks_equals_cached(ivector_model) -> None:
+    ubm, _, _, _, cfg, utts, _ = ivector_model
+    small = ExtractorConfig(ivector_dim=R, num_iters=2, gaussian_min_count=10.0,
+                            posteriors=cfg.posteriors)
+    cached, hist_a = train_ivector_extractor(ubm, utts, small)
+    calls = []
+
+    def blocks():
+        calls.append(1)
+        return (utts[i:i + 25] for i in range(0, len(utts), 25))
+
+    streamed, hist_b = train_ivector_extractor(ubm, blocks, small)
+    assert len(calls) == 2
+    assert torch.allclose(cached.M, streamed.M, atol=1e-8)
+    assert torch.allclose(cached.sigma_inv, streamed.sigma_inv, atol=1e-8)
+    assert hist_a[-1]["auxf_per_frame"] == pytest.approx(hist_b[-1]["auxf_per_frame"])
+    with pytest.raises(AsrtrainError, match="total count of 50 .* need at least 80"):
+        train_ivector_extractor(ubm, [utts[0][:50]], small)

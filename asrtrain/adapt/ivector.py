@@ -19,6 +19,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -432,32 +433,81 @@ class ExtractorConfig:
     posteriors: PosteriorOptions = field(default_factory=PosteriorOptions)
 
 
-def train_ivector_extractor(ubm: DiagUbm, utts: list[torch.Tensor],
+def train_ivector_extractor(ubm: DiagUbm,
+                            utts: list[torch.Tensor] | Callable[[], Iterable[list[torch.Tensor]]],
                             cfg: ExtractorConfig | None = None) -> tuple[IvectorExtractor,
                                                                           list[dict]]:
-    """Initialise from the UBM and run ``cfg.num_iters`` EM iterations over the utterances
-    (tensors ``[T, D]``; speakers' or utterances', as the recipe chooses); on the UBM's device.
-    Returns the extractor and one dict per iteration (auxf per frame, its improvement,
-    seconds)."""
+    """Initialise from the UBM and run ``cfg.num_iters`` EM iterations; on the UBM's device.
+
+    ``utts`` is a list of ``[T, D]`` tensors (utterances' or speakers', as the recipe chooses),
+    whose Baum-Welch statistics are then computed once and kept (``C * D`` float64 per
+    utterance), or, for sets whose statistics do not fit, a callable returning blocks of them
+    afresh (e.g. read from arks): each iteration then recomputes the statistics block by block,
+    as Kaldi's ``ivector-extractor-acc-stats`` does, and holds one block's. Both give the same
+    extractor. Returns it and one dict per iteration (auxf per frame, its improvement, seconds).
+    """
     cfg = cfg or ExtractorConfig()
-    if not utts:
-        raise AsrtrainError("train_ivector_extractor: no utterances")
-    frames = sum(len(u) for u in utts)
-    if frames < 10 * ubm.num_gauss:
-        raise AsrtrainError(f"train_ivector_extractor: {frames} frames for a "
-                            f"{ubm.num_gauss}-component UBM; need at least "
-                            f"{10 * ubm.num_gauss}")
-    stats, s = utterance_stats(ubm, utts, cfg.posteriors, second_order=True)
+    blocks = utts if callable(utts) else _cached_blocks(ubm, utts, cfg.posteriors)
     ext = IvectorExtractor.init_from_ubm(ubm, cfg.ivector_dim, cfg.seed)
-    gamma = stats.gamma.sum(0)
+    totals: tuple[torch.Tensor, torch.Tensor] | None = None
     history = []
     for it in tqdm(range(cfg.num_iters), desc="i-vector extractor", unit="iter",
                    file=sys.stderr, disable=None, leave=False):
         t0 = time.time()
-        acc = accumulate_extractor(ext, stats)
+        acc, seen = _accumulate_blocks(ext, ubm, blocks, cfg.posteriors, totals is None)
+        if totals is None:
+            totals = _check_totals(seen, ubm)
+        gamma, s = totals
         entry = {"iter": it, **update_extractor(ext, acc, gamma, s, cfg.variance_floor_factor,
                                                 cfg.gaussian_min_count)}
         entry["seconds"] = round(time.time() - t0, 3)
         history.append(entry)
         log.info("i-vector extractor: %s", entry, extra=STAGE_LOG_ONLY)
     return ext, history
+
+
+def _cached_blocks(ubm: DiagUbm, utts: list[torch.Tensor], opts: PosteriorOptions
+                   ) -> Callable[[], Iterable[tuple[UttStats, torch.Tensor]]]:
+    """The statistics of ``utts`` computed once, handed out as one block."""
+    if not utts:
+        raise AsrtrainError("train_ivector_extractor: no utterances")
+    stats, s = utterance_stats(ubm, utts, opts, second_order=True)
+    return lambda: [(stats, s)]
+
+
+def _accumulate_blocks(ext: IvectorExtractor, ubm: DiagUbm, blocks: Callable,
+                       opts: PosteriorOptions, second_order: bool
+                       ) -> tuple[ExtractorAccs, tuple | None]:
+    """One E step over all blocks; on the first pass also the totals ``gamma_c``, ``S_c`` and
+    the frame count."""
+    acc = None
+    gamma = s = None
+    for block in blocks():
+        if isinstance(block, tuple):
+            stats, s_b = block
+        else:
+            stats, s_b = utterance_stats(ubm, block, opts, second_order=second_order)
+        part = accumulate_extractor(ext, stats)
+        acc = part if acc is None else _add_accs(acc, part)
+        if second_order:
+            g_b = stats.gamma.sum(0)
+            gamma = g_b if gamma is None else gamma + g_b
+            s = s_b if s is None else s + s_b
+    if acc is None:
+        raise AsrtrainError("train_ivector_extractor: no utterances")
+    return acc, (gamma, s) if second_order else None
+
+
+def _add_accs(a: ExtractorAccs, b: ExtractorAccs) -> ExtractorAccs:
+    return ExtractorAccs(a.Y + b.Y, a.R + b.R, a.ivector_sum + b.ivector_sum,
+                         a.ivector_scatter + b.ivector_scatter, a.num_ivectors + b.num_ivectors)
+
+
+def _check_totals(totals: tuple, ubm: DiagUbm) -> tuple[torch.Tensor, torch.Tensor]:
+    gamma, s = totals
+    count = float(gamma.sum())
+    if count < 10 * ubm.num_gauss:
+        raise AsrtrainError(f"train_ivector_extractor: a total count of {count:.0f} (frames "
+                            f"times the posterior scale) for a {ubm.num_gauss}-component UBM; "
+                            f"need at least {10 * ubm.num_gauss}")
+    return gamma, s
