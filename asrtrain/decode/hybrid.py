@@ -171,7 +171,8 @@ def merge_stats(parts: list[dict]) -> dict:
 def with_rates(stats: dict) -> dict:
     """``stats`` with its real-time factors (seconds per second of audio): network, search,
     both (each job's time summed), and ``real_time_factor_per_core``, the CPU seconds of the
-    jobs (network threads included) per second of audio."""
+    jobs (network threads, feature reading, search and the sweep's best paths; not the scoring)
+    per second of audio."""
     audio = max(stats["audio_seconds"], 1e-9)
     stats.setdefault("jobs", 1)
     stats["real_time_factor"] = round((stats["nn_seconds"] + stats["search_seconds"]) / audio, 4)
