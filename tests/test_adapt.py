@@ -369,6 +369,18 @@ def test_online_ivectors_equal_batch_at_the_last_frame(ivector_model) -> None:
     assert per_frame.shape == (401, R) and torch.equal(per_frame[19], rows[1])
 
 
+def test_speaker_ivectors_pool_their_utterances(ivector_model) -> None:
+    ubm, _, ext, _, cfg, _, _ = ivector_model
+    _, x = _utterance_from_ubm(ubm, 900, seed=24)
+    parts = [x[:300], x[300:500], x[500:], x[:100]]
+    stats = utterance_stats(ubm, parts, cfg.posteriors)[0]
+    spk = stats.sum_by(torch.tensor([0, 0, 0, 1]), 2)
+    whole = utterance_stats(ubm, [x, x[:100]], cfg.posteriors)[0]
+    assert torch.allclose(ext.extract(spk), ext.extract(whole), atol=1e-9)
+    with pytest.raises(AsrtrainError, match="group id 2 out of range"):
+        stats.sum_by(torch.tensor([0, 1, 2, 0]), 2)
+
+
 def test_extractor_training_streamed_in_blocks_equals_cached(ivector_model) -> None:
     ubm, _, _, _, cfg, utts, _ = ivector_model
     small = ExtractorConfig(ivector_dim=R, num_iters=2, gaussian_min_count=10.0,

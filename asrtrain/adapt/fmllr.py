@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asrtrain import AsrtrainError
+from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.adapt.posteriors import FrameGaussians
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,9 @@ def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 50
     res.transforms[ok] = w
     res.objective = [_scatter(o, ok) for o in objective]
     res.improvement = res.objective[-1] - res.objective[0]
+    for j in torch.nonzero(ok).flatten().tolist():
+        log.info("gmm-est-fmllr: speaker %s: objf improvement %.4f per frame over %.1f frames",
+                 names[j], float(res.improvement[j]), float(stats.beta[j]), extra=STAGE_LOG_ONLY)
     return res
 
 

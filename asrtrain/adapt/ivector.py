@@ -182,6 +182,21 @@ class UttStats:
     def __len__(self) -> int:
         return self.gamma.shape[0]
 
+    def sum_by(self, group: torch.Tensor, num_groups: int) -> UttStats:
+        """Statistics summed per group (``group[u]`` of utterance ``u``): per-speaker
+        i-vectors as ``extract_ivectors.sh`` makes them from ``spk2utt``."""
+        if group.shape != (len(self),):
+            raise AsrtrainError(f"i-vector stats: {group.numel()} group ids for {len(self)} "
+                                "utterances")
+        if len(group) and (int(group.min()) < 0 or int(group.max()) >= num_groups):
+            raise AsrtrainError(f"i-vector stats: group id {int(group.max())} out of range "
+                                f"(0..{num_groups - 1})")
+        group = group.to(self.gamma.device)
+        gamma = self.gamma.new_zeros(num_groups, self.gamma.shape[1]).index_add_(
+            0, group, self.gamma)
+        xs = self.X.new_zeros(num_groups, *self.X.shape[1:]).index_add_(0, group, self.X)
+        return UttStats(gamma, xs)
+
 
 def utterance_stats(ubm: DiagUbm, utts: list[torch.Tensor], opts: PosteriorOptions,
                     second_order: bool = False) -> tuple[UttStats, torch.Tensor | None]:
