@@ -158,6 +158,20 @@ def test_mllt_objective_never_decreases_and_finds_the_rotation() -> None:
     assert mllt_objective(torch.eye(6, dtype=F64), stats) == pytest.approx(-3.0)
 
 
+def test_mllt_stats_per_gaussian_equal_per_pair() -> None:
+    """Scatter per Gaussian then divided by its variances (the fast path, when the Gaussians'
+    ids are known) gives the statistics of every (frame, Gaussian) pair."""
+    x, labels, _ = _rotated_gmm_data(seed=5, per_class=200)
+    gmm = _class_gmm(x, labels)
+    gmm.mixup(20, torch.full((10,), 200.0))                   # 2 components per pdf
+    gauss = component_posteriors(gmm, x, labels)
+    fast, slow = MlltStats.zeros(6), MlltStats.zeros(6)
+    fast.accumulate(x, gauss, max_batch_mb=0.1)
+    slow.accumulate(x, FrameGaussians(gauss.post, gauss.means, gauss.vars), max_batch_mb=0.1)
+    assert fast.beta == pytest.approx(slow.beta)
+    assert torch.allclose(fast.G, slow.G, rtol=1e-10, atol=1e-8)
+
+
 def test_mllt_composes_with_lda() -> None:
     x, labels, _, _ = _lda_data(seed=3, per_class=300)
     lda_stats = LdaStats.zeros(8, 24)

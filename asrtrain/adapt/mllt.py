@@ -43,15 +43,35 @@ class MlltStats:
                                 f"{self.dim}-dim")
         d = self.dim
         diff = (x.to(self.G)[:, None, :] - gauss.means.to(self.G)).reshape(-1, d)   # [K, D]
-        w = (gauss.post.to(self.G)[:, :, None] / gauss.vars.to(self.G)).reshape(-1, d)
-        keep = w[:, 0] > 0
-        diff, w = diff[keep], w[keep]
+        post = gauss.post.to(self.G).reshape(-1)
+        keep = post > 0
+        inv_var = (1.0 / gauss.vars.to(self.G)).reshape(-1, d)[keep]
+        diff, post = diff[keep], post[keep]
         block = max(1, int(max_batch_mb * 2 ** 20 // (d * d * 8)))
-        flat = self.G.view(d * d, d)
+        if gauss.ids is None:       # every (frame, Gaussian) pair: K * D^3
+            w = post[:, None] * inv_var
+            for i in range(0, len(diff), block):
+                self._add_pairs(diff[i:i + block], w[i:i + block])
+            self.beta += float(gauss.post.sum())
+            return
+        # per Gaussian scatter first, then G_i += sum_g S_g / var_gi: K * D^2 + Gauss * D^3
+        uniq, which = torch.unique(gauss.ids.reshape(-1)[keep.to(gauss.ids.device)].to(
+            diff.device), return_inverse=True)
+        first = torch.full((len(uniq),), len(which), dtype=torch.long, device=diff.device)
+        first.scatter_reduce_(0, which, torch.arange(len(which), device=diff.device), "amin")
+        scatter = diff.new_zeros(len(uniq), d * d)
         for i in range(0, len(diff), block):
-            db, wb = diff[i:i + block], w[i:i + block]
-            flat.addmm_((wb[:, :, None] * db[:, None, :]).reshape(len(db), d * d).T, db)
+            db, pb = diff[i:i + block], post[i:i + block, None, None]
+            scatter.index_add_(0, which[i:i + block],
+                               (pb * db[:, :, None] * db[:, None, :]).reshape(len(db), d * d))
+        self.G.view(d, d * d).addmm_(inv_var[first].T, scatter)
         self.beta += float(gauss.post.sum())
+
+    def _add_pairs(self, diff: torch.Tensor, w: torch.Tensor) -> None:
+        """``G_i += sum_k w_ki diff_k diff_k^T`` for a block of pairs."""
+        d = self.dim
+        self.G.view(d * d, d).addmm_((w[:, :, None] * diff[:, None, :]).reshape(len(diff),
+                                                                                d * d).T, diff)
 
     def add(self, other: MlltStats) -> None:
         self.beta += other.beta

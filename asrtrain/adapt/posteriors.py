@@ -18,6 +18,7 @@ class FrameGaussians:
     post: torch.Tensor    # [N, M] posterior (times the frame's weight)
     means: torch.Tensor   # [N, M, D]
     vars: torch.Tensor    # [N, M, D]
+    ids: torch.Tensor | None = None   # [N, M] global component ids (pdf * M + slot), if known
 
 
 def component_posteriors(gmm: DiagGmmSet, x: torch.Tensor, pdf: torch.Tensor,
@@ -42,4 +43,6 @@ def component_posteriors(gmm: DiagGmmSet, x: torch.Tensor, pdf: torch.Tensor,
     post = torch.softmax(ll, dim=-1).nan_to_num(0.0)
     if weight is not None:
         post = post * weight.to(post)[:, None]
-    return FrameGaussians(post, means, var)
+    ids = pdf[:, None] * gmm.means.shape[1] + torch.arange(gmm.means.shape[1],
+                                                          device=pdf.device)
+    return FrameGaussians(post, means, var, ids)
