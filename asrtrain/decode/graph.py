@@ -260,29 +260,28 @@ def faster_decoder(hclg: kaldifst.StdVectorFst, beam: float, max_active: int,
 def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: GmmDecodeConfig,
                ) -> dict[float, dict[str, list[str]]]:
     """The 1-best words of every utterance for each acoustic scale (FasterDecoder on the GMM
-    pdf log-likelihoods gathered to ``graph``'s transition states)."""
+    pdf log-likelihoods gathered to ``graph``'s transition states). One utterance's likelihoods
+    at a time (frames x pdfs: a whole test set's would not fit at Switchboard size)."""
     hclg = graph.hclg   # the decoder holds a raw pointer to it
     decoder = faster_decoder(hclg, c.beam, c.max_active)
     device = torch.device(c.device)
     gmm = model.gmm.to(device)
     tstate_pdf = graph.tstate_pdf
-    pdf_ll = {u.utt: gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu() for u in utts}
-    out: dict[float, dict[str, list[str]]] = {}
+    out: dict[float, dict[str, list[str]]] = {scale: {} for scale in c.acoustic_scales}
     bar = tqdm(total=len(c.acoustic_scales) * len(utts), desc="decode", unit="utt",
                file=sys.stderr, disable=None, leave=False)
-    for scale in c.acoustic_scales:
-        hyps = out.setdefault(scale, {})
-        bar.set_postfix(acoustic_scale=f"{scale:.4f}", refresh=False)
-        for u in utts:
-            ll = (pdf_ll[u.utt][:, tstate_pdf] * scale).numpy().astype(np.float32)
+    for u in utts:
+        tstate_ll = gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu()[:, tstate_pdf]
+        for scale in c.acoustic_scales:
+            ll = (tstate_ll * scale).numpy().astype(np.float32)
             decoder.decode(kaldi_decoder.DecodableCtc(ll))
             ok, lat = decoder.get_best_path(use_final_probs=True)
             if not ok:
                 ok, lat = decoder.get_best_path(use_final_probs=False)
-            hyps[u.utt] = []
+            out[scale][u.utt] = []
             if ok:
                 _, _, olabels, _ = kaldifst.get_linear_symbol_sequence(lat)
-                hyps[u.utt] = [graph.words.id2sym[o] for o in olabels]
+                out[scale][u.utt] = [graph.words.id2sym[o] for o in olabels]
             bar.update()
     bar.close()
     return out
