@@ -45,6 +45,7 @@ from asrtrain.simulate.timing import (
     GossipClock,
     gossip_events,
     step_events,
+    sync_segments,
 )
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,10 @@ class SimConfig:
     hadpsgd) with the gossip ``topology``, for ``epochs`` epochs, at the speeds of ``speed``
     (:mod:`.speeds`: ``step_s`` seconds a step, ±``jitter``); a pairwise exchange takes
     ``exchange_s``, an idle gossip thread starts a round every ``idle_s``. A point of the
-    trajectory every ``log_every`` rounds (SSGD: steps)."""
+    trajectory every ``log_every`` rounds (SSGD: steps). ``sync_every`` > 0: all learners wait
+    for each other and drain gossip every ``sync_every`` global steps, as the real trainer does
+    at each ``trainer.log_every`` (its consensus distance is collective); 0: at epoch ends
+    only."""
 
     learners: int
     backend: str = "adpsgd"
@@ -94,6 +98,7 @@ class SimConfig:
     idle_s: float = 0.1
     grad_clip: float = 0.0
     log_every: int = 1
+    sync_every: int = 0
 
     def members(self) -> int:
         """Gossip members: learners (adpsgd), nodes (hadpsgd), one (ssgd)."""
@@ -152,6 +157,7 @@ class Simulator:
         self.factors = speeds.learner_factors(cfg.speed, cfg.learners, cfg.seed)
         self.clock = GossipClock()
         self.now = 0.0
+        self.steps_done = 0  # steps every member took in the epochs before
         self.samples = 0
         self.losses: list[float] = []
         self.traj = Trajectory(config={**asdict(cfg), "members": g,
@@ -181,8 +187,18 @@ class Simulator:
         times = speeds.step_times(self.factors, steps, cfg.step_s, cfg.jitter, cfg.seed, epoch)
         # A member's step waits for the slowest of its learners (their gradient allreduce).
         member_times = times.reshape(cfg.members(), k, steps).max(axis=1)
-        ends = [self.now + np.cumsum(row) for row in member_times]
-        events = step_events(ends)
+        iters = [self.work.batches(epoch, r, cfg.learners) for r in range(cfg.learners)]
+        for lo, hi in sync_segments(steps, self.steps_done, cfg.sync_every):
+            self._segment([self.now + np.cumsum(row[lo:hi]) for row in member_times], lo,
+                          iters, bar)
+        self.steps_done += steps
+        self._end_epoch(epoch)
+
+    def _segment(self, ends: list[np.ndarray], first: int, iters: list[Iterator],
+                 bar: tqdm) -> None:
+        """The steps between two points where all learners wait (drained gossip), in order."""
+        cfg, k = self.cfg, self.cfg.per_member()
+        events = step_events(ends, first)
         end = max(float(e[-1]) for e in ends)
         if cfg.members() > 1:
             gossip, end = gossip_events(self.schedule, ends, self.now, self.clock,
@@ -190,7 +206,6 @@ class Simulator:
                                         cfg.log_every)
             events += gossip
         events.sort()
-        iters = [self.work.batches(epoch, r, cfg.learners) for r in range(cfg.learners)]
         for t, _r, _p, kind, a, b in events:
             if kind == STEP:
                 self._step(a, iters[a * k:(a + 1) * k], t, b)
@@ -202,7 +217,6 @@ class Simulator:
             elif kind == LOG:
                 self._point(t, rounds=a)
         self.now = end
-        self._end_epoch(epoch)
 
     # -- events ----------------------------------------------------------------------------------
     def _load(self, member: int) -> None:

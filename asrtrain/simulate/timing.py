@@ -41,9 +41,20 @@ class GossipClock:
     stepped: bool = False    # whether any step was taken yet (no round before the first)
 
 
-def step_events(ends: list[np.ndarray]) -> list[Event]:
-    """One event per step: member ``a``'s step ``b`` ends at its time."""
-    return [(float(t), -1, 0, STEP, g, k) for g, row in enumerate(ends) for k, t in enumerate(row)]
+def step_events(ends: list[np.ndarray], first: int = 0) -> list[Event]:
+    """One event per step: member ``a``'s step ``b`` (numbered from ``first``) ends at its
+    time."""
+    return [(float(t), -1, 0, STEP, g, first + k) for g, row in enumerate(ends)
+            for k, t in enumerate(row)]
+
+
+def sync_segments(steps: int, done: int, every: int) -> list[tuple[int, int]]:
+    """The epoch's steps ``[lo, hi)`` between the points where all learners wait for each
+    other: the epoch's end, and (``every`` > 0) each global step ``done + hi`` that is a
+    multiple of ``every`` (the real trainer's collective consensus distance at each
+    ``trainer.log_every``)."""
+    cuts = [k for k in range(1, steps) if every and (done + k) % every == 0] + [steps]
+    return list(zip([0, *cuts[:-1]], cuts, strict=True))
 
 
 def _trigger(ends: np.ndarray, last_start: float, idle_s: float, may_idle: bool) -> float:

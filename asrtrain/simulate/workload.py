@@ -19,7 +19,7 @@ from asrtrain.train.config import TrainerConfig
 from asrtrain.train.data import shard
 from asrtrain.train.schedule import LRSchedule
 from asrtrain.train.tasks import FrameCETask, build_task
-from asrtrain.train.trainer import build_optimizer
+from asrtrain.train.trainer import build_optimizer, spec_augment
 
 SYSTEMS = ("hybrid", "ctc")
 
@@ -39,8 +39,9 @@ def system_config(cfg: DictConfig, system: str) -> DictConfig:
 
 
 class TaskWorkload:
-    """A recipe's task for :class:`asrtrain.simulate.engine.Simulator`. SpecAugment is not
-    applied (the hybrid recipes have none)."""
+    """A recipe's task for :class:`asrtrain.simulate.engine.Simulator`; SpecAugment (where the
+    trainer settings have it) is drawn per learner from the generator the trainer seeds for that
+    rank."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.tcfg = TrainerConfig.from_config(cfg.trainer)
@@ -48,6 +49,7 @@ class TaskWorkload:
         torch.manual_seed(self.tcfg.seed)  # the initial model of every learner, as the trainer
         self.model = build_model(cfg.model, self.task.input_dim, self.task.output_dim)
         self.schedule = LRSchedule.from_config(self.tcfg, self.task.samples_per_epoch)
+        self._gens: dict[int, torch.Generator] = {}  # each learner's SpecAugment draws
 
     def epoch_steps(self, epoch: int, world: int) -> int:
         """Steps every learner takes in ``epoch`` (the epoch's seed deals the shards)."""
@@ -57,7 +59,13 @@ class TaskWorkload:
         return len(shard(task.train_set.batches(task.batch_frames, seed), 0, world))
 
     def batches(self, epoch: int, rank: int, world: int) -> Iterator[Any]:
-        return iter(self.task.epoch(epoch, rank, world))
+        masks = self.tcfg.spec_augment
+        gen = self._gens.setdefault(rank, torch.Generator().manual_seed(
+            self.tcfg.seed * 1000 + rank))
+        for batch in self.task.epoch(epoch, rank, world):
+            if masks is not None:
+                batch.feats = spec_augment(batch.feats, batch.lengths, masks, gen)
+            yield batch
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         return self.task.loss(model, batch)
