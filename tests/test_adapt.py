@@ -413,3 +413,20 @@ def test_extractor_training_streamed_in_blocks_equals_cached(ivector_model) -> N
     assert hist_a[-1]["auxf_per_frame"] == pytest.approx(hist_b[-1]["auxf_per_frame"])
     with pytest.raises(AsrtrainError, match="total count of 50 .* need at least 80"):
         train_ivector_extractor(ubm, [utts[0][:50]], small)
+
+
+def test_bad_shapes_and_ids_are_named() -> None:
+    gmm, x, _, _, _ = _fmllr_setup(seed=6, frames=10)
+    with pytest.raises(AsrtrainError, match=r"features of shape \(10, 4\) do not match the "
+                                            "GMM's dim 5"):
+        component_posteriors(gmm, x[:, :4], torch.zeros(10, dtype=torch.long))
+    with pytest.raises(AsrtrainError, match="10 frames but 9 pdf ids"):
+        component_posteriors(gmm, x, torch.zeros(9, dtype=torch.long))
+    with pytest.raises(AsrtrainError, match="pdf id 3 out of range"):
+        component_posteriors(gmm, x, torch.full((10,), 3, dtype=torch.long))
+    with pytest.raises(AsrtrainError, match=r"a \(4, 7\) matrix cannot apply to 5-dim"):
+        apply_transform(x, torch.zeros(4, 7, dtype=F64))
+    with pytest.raises(AsrtrainError, match=r"must be \[frames, dim\]"):
+        splice_frames(torch.zeros(3))
+    with pytest.raises(AsrtrainError, match="1 speaker names for stats of 2"):
+        estimate_fmllr(FmllrStats.zeros(2, 5), speakers=["a"])
