@@ -3,7 +3,10 @@ data whose structure is known (real tensors, no mocks)."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -430,3 +433,13 @@ def test_bad_shapes_and_ids_are_named() -> None:
         splice_frames(torch.zeros(3))
     with pytest.raises(AsrtrainError, match="1 speaker names for stats of 2"):
         estimate_fmllr(FmllrStats.zeros(2, 5), speakers=["a"])
+
+
+def test_bench_runs_and_reports_time_and_memory() -> None:
+    out = subprocess.run([sys.executable, "-m", "asrtrain.adapt.bench", "--frames", "4000",
+                          "--dim", "5", "--gauss", "8", "--ivector-dim", "4", "--iters", "2"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["gauss"] == 8 and rec["iters"] == 2 and len(rec["auxf_per_frame"]) == 2
+    assert rec["auxf_per_frame"][1] > rec["auxf_per_frame"][0]
+    assert rec["extractor_peak_rss_mb"] >= rec["rss_before_extractor_mb"] > 0
