@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from test_hybrid_decode import FAST, oracle_loglikes, setup, train_blstm  # noqa: F401
 
-from asrtrain.decode.hybrid import _shares, decode_hybrid, decode_loglikes, merge_stats
+from asrtrain.decode import job_shares
+from asrtrain.decode.graph import decode_gmm
+from asrtrain.decode.hybrid import decode_hybrid, decode_loglikes, merge_stats
 
 pytestmark = pytest.mark.timeout(600)
 NO_CAP = 2**31 - 1
@@ -61,11 +63,27 @@ def test_a_large_max_active_equals_no_cap_and_a_small_one_decodes(setup, tmp_pat
     assert wer[NO_CAP] < 2.0 and wer[200] < 2.0 < wer[5]
 
 
+def test_gmm_decoding_in_parallel_jobs_as_in_one(setup, tmp_path) -> None:  # noqa: F811
+    options = {"beam": 11.0, "max_active": 2000}
+    one = decode_gmm(setup["ali"], setup["graph"], setup["gmm_data"], tmp_path / "one", options)
+    two = decode_gmm(setup["ali"], setup["graph"], setup["gmm_data"], tmp_path / "two", options,
+                     nj=2, audio_per_job=0)
+    assert (one["jobs"], two["jobs"]) == (1, 2)
+    assert one["per_scale"] == two["per_scale"] and one["acoustic_scale"] == two["acoustic_scale"]
+    for name in ("text", "ctm"):
+        assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+    saved = json.loads((tmp_path / "two" / "decode.json").read_text())
+    assert saved["real_time_factor_per_core"] > 0 and saved["cpu_seconds"] > 0
+
+
 def test_shares_and_merged_stats() -> None:
     utts = [f"u{i}" for i in range(7)]
-    assert _shares(utts, 3) == [utts[0:2], utts[2:5], utts[5:7]]
-    assert _shares(utts, 10) == [[u] for u in utts]
-    assert _shares(utts, 0) == [utts]
+    assert job_shares(utts, 3) == [utts[0:2], utts[2:5], utts[5:7]]
+    assert job_shares(utts, 10) == [[u] for u in utts]
+    assert job_shares(utts, 0) == [utts]
+    # no more jobs than one per audio_per_job seconds of audio
+    assert job_shares(utts, 3, audio_seconds=1300, audio_per_job=600) == [utts[0:4], utts[4:7]]
+    assert job_shares(utts, 3, audio_seconds=500, audio_per_job=600) == [utts]
     part = {"utterances": 2, "frames": 300, "audio_seconds": 3.0, "nn_seconds": 0.3,
             "search_seconds": 0.6, "sweep_seconds": 0.1, "cpu_seconds": 1.2,
             "failed_utterances": 0, "untimed_paths": 1}

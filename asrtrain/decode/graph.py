@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
 import shutil
 import sys
 import time
@@ -42,7 +43,13 @@ from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.align.graph import scale_transitions
 from asrtrain.align.model import AcousticModel, Utterance, align, load_data
 from asrtrain.data.datadir import DataDir
-from asrtrain.decode import GmmDecodeConfig, score_candidates, write_decode_dir
+from asrtrain.decode import (
+    AUDIO_PER_JOB_S,
+    GmmDecodeConfig,
+    job_shares,
+    score_candidates,
+    write_decode_dir,
+)
 from asrtrain.decode.ctc import TimedWord
 from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.lang.lexicon import Lang
@@ -202,11 +209,15 @@ def load_graph(graph_dir: Path) -> Graph:
 
 
 def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-               cfg: Mapping | GmmDecodeConfig | None = None) -> dict:
+               cfg: Mapping | GmmDecodeConfig | None = None, nj: int = 1,
+               audio_per_job: float = AUDIO_PER_JOB_S) -> dict:
     """Decode ``data_dir`` with the GMM model and HCLG graph into ``out_dir``; see the module
-    docstring.  ``cfg``: ``GmmDecodeConfig``'s keys.  Returns what ``decode.json`` holds (the
-    chosen ``acoustic_scale``, ``wer`` and ``per_scale`` WER as numbers, ``real_time_factor``)
-    and ``counts``: the chosen scale's ``Counts`` per subset ({} with nothing to score)."""
+    docstring.  ``cfg``: ``GmmDecodeConfig``'s keys.  ``nj``: parallel search jobs over
+    contiguous shares of the utterances (the words are those of one job), at most one per
+    ``audio_per_job`` seconds of audio. Returns what ``decode.json`` holds (the chosen
+    ``acoustic_scale``, ``wer`` and ``per_scale`` WER as numbers, ``real_time_factor`` of the
+    wall time and ``real_time_factor_per_core`` of the jobs' CPU time, ``jobs``) and
+    ``counts``: the chosen scale's ``Counts`` per subset ({} with nothing to score)."""
     c = GmmDecodeConfig.from_config(cfg)
     model_dir, graph_dir, data_dir = Path(model_dir), Path(graph_dir), Path(data_dir)
     graph = load_graph(graph_dir)
@@ -218,7 +229,8 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     utts, skipped = load_data(data_dir, lang, model.delta_order)
     data = DataDir.read(data_dir)
     t0 = time.time()
-    hyps = search_gmm(model, graph, utts, c)
+    shares = job_shares(utts, nj, sum(len(u.feats) for u in utts) * 0.01, audio_per_job)
+    hyps, cpu_seconds = _search_in_jobs(model, model_dir, graph, graph_dir, shares, c)
     decode_seconds = time.time() - t0
     align_cfg = {"self_loop_scale": c.self_loop_scale, "transition_scale": c.transition_scale,
                  "device": c.device}
@@ -235,13 +247,42 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     summary = {"acoustic_scale": best, "selection": how,
                "per_scale": {f"{s:.4f}": counts_json(v) for s, v in scored.items()},
                "utterances": len(utts), "skipped": sorted(skipped), "frames": frames,
-               "decode_seconds": round(decode_seconds, 2),
-               "real_time_factor": round(decode_seconds / max(frames * 0.01, 1e-9), 3),
+               "decode_seconds": round(decode_seconds, 2), "jobs": len(shares),
+               "cpu_seconds": round(cpu_seconds, 2),
+               "real_time_factor": round(decode_seconds / max(frames * 0.01, 1e-9), 4),
+               "real_time_factor_per_core": round(cpu_seconds / max(frames * 0.01, 1e-9), 4),
                "settings": asdict(c)}
     counts = write_decode_dir(out_dir, hyps[best], timed[best], data, data_dir, summary)
-    log.info("decode %s: acoustic scale %.4f (%s); WER %s", out_dir, best, how,
-             ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()) or "not scored")
+    log.info("decode %s: acoustic scale %.4f (%s); WER %s; real-time factor %.4f per core, "
+             "%.4f of the wall time with %d jobs", out_dir, best, how,
+             ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()) or "not scored",
+             summary["real_time_factor_per_core"], summary["real_time_factor"], len(shares))
     return {**summary, "counts": counts}
+
+
+def _search_in_jobs(model: AcousticModel, model_dir: Path, graph: Graph, graph_dir: Path,
+                    shares: list[list[Utterance]], c: GmmDecodeConfig,
+                    ) -> tuple[dict[float, dict[str, list[str]]], float]:
+    """``search_gmm`` over each share (here when there is one, else one spawned process per
+    share, which loads the model and the graph itself); the words and the CPU seconds."""
+    if len(shares) == 1:
+        cpu0 = time.process_time()
+        return search_gmm(model, graph, shares[0], c), time.process_time() - cpu0
+    jobs = [(model_dir, graph_dir, share, c) for share in shares]
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:
+        results = pool.map(_search_job, jobs)
+        pool.close()
+        pool.join()
+    hyps = {s: {u: w for h, _ in results for u, w in h[s].items()} for s in c.acoustic_scales}
+    return hyps, sum(cpu for _, cpu in results)
+
+
+def _search_job(args: tuple) -> tuple[dict[float, dict[str, list[str]]], float]:
+    model_dir, graph_dir, utts, c = args
+    torch.set_num_threads(1)   # nj jobs, one core each
+    model, graph = AcousticModel.load(model_dir), load_graph(graph_dir)
+    cpu0 = time.process_time()
+    return search_gmm(model, graph, utts, c), time.process_time() - cpu0
 
 
 def faster_decoder(hclg: kaldifst.StdVectorFst, beam: float, max_active: int,

@@ -43,7 +43,13 @@ from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir
-from asrtrain.decode import HybridDecodeConfig, score_candidates, write_decode_dir
+from asrtrain.decode import (
+    AUDIO_PER_JOB_S,
+    HybridDecodeConfig,
+    job_shares,
+    score_candidates,
+    write_decode_dir,
+)
 from asrtrain.decode.ctc import TimedWord
 from asrtrain.decode.graph import Graph, faster_decoder, load_graph
 from asrtrain.features.reader import FeatureReader, chunk_starts
@@ -67,11 +73,6 @@ def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: P
         torch.set_num_threads(c.threads)
     device = torch.device(c.device)
     return ckpt.build(device, model_path), device
-
-
-#: Seconds of audio that pay for one more decoding job: a spawned job spends seconds importing
-#: torch and reading the graph, and the tiny test set's 197 s decode in 9.5 s (search 8.5 s).
-AUDIO_PER_JOB_S = 600.0
 
 
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
@@ -101,7 +102,7 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     reader = _feature_reader(data_dir, ckpt)
     audio = sum(reader.num_frames.values()) * ckpt.frame_shift if reader.data.utt2num_frames \
         else float("inf")
-    shares = _shares(reader.utts, min(nj, max(1, int(audio // max(audio_per_job, 1e-9)))))
+    shares = job_shares(reader.utts, nj, audio, audio_per_job)
     t0 = time.time()
     if len(shares) == 1:
         hyps, stats = _decode_share((model_path, graph, graph_dir, data_dir, c, shares[0],
@@ -119,13 +120,6 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     stats["wall_seconds"] = round(time.time() - t0, 2)
     stats["wall_real_time_factor"] = round(stats["wall_seconds"] / stats["audio_seconds"], 4)
     return score_sweep(hyps, c.settings(), c, DataDir.read(data_dir), data_dir, out_dir, stats)
-
-
-def _shares(utts: list[str], nj: int) -> list[list[str]]:
-    """``utts`` in ``nj`` contiguous shares of nearly equal size (none empty)."""
-    n = max(1, min(int(nj), len(utts)))
-    bounds = [round(i * len(utts) / n) for i in range(n + 1)]
-    return [utts[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def _decode_share(args: tuple) -> tuple[dict, dict]:
