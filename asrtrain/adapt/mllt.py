@@ -91,9 +91,10 @@ def mllt_objective(a: torch.Tensor, stats: MlltStats) -> float:
     return float(stats.beta * torch.linalg.slogdet(a)[1] - 0.5 * quad) / stats.beta
 
 
-def estimate_mllt(stats: MlltStats, num_iters: int = 100, tol: float = 1e-8) -> MlltResult:
+def estimate_mllt(stats: MlltStats, num_iters: int = 200, tol: float = 1e-8) -> MlltResult:
     """``est-mllt``: the row-by-row update from the identity, ``num_iters`` sweeps over the rows
-    (Kaldi: 100) or until a sweep gains less than ``tol`` per frame."""
+    (Kaldi's ``MlltAccs::Update``: 200) or until a sweep gains less than ``tol`` per frame.
+    Statistics are exact (``gmm-acc-mllt``'s ``--rand-prune`` is not applied)."""
     d = stats.dim
     if stats.beta < 10 * d:
         if stats.beta <= d:
