@@ -98,19 +98,19 @@ def fmllr_objective(w: torch.Tensor, stats: FmllrStats) -> torch.Tensor:
     return (stats.beta * logdet + lin - 0.5 * quad) / stats.beta.clamp(min=1e-10)
 
 
-def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 50.0,
+def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 500.0,
                    speakers: list[str] | None = None) -> FmllrResult:
-    """Every speaker's transform (``gmm-est-fmllr``: ``--fmllr-num-iters=40``,
-    ``--fmllr-min-count=50``); speakers with less count keep the identity (logged)."""
+    """Every speaker's transform (Kaldi's ``FmllrOptions``: ``--fmllr-num-iters=40``,
+    ``--fmllr-min-count=500``); speakers with no more count keep the identity (logged)."""
     s, d = stats.beta.shape[0], stats.dim
     names = speakers or [str(i) for i in range(s)]
     if len(names) != s:
         raise AsrtrainError(f"gmm-est-fmllr: {len(names)} speaker names for stats of {s}")
-    ok = stats.beta >= min_count
+    ok = stats.beta > min_count
     res = FmllrResult(identity_transforms(s, d, stats.K.device))
     res.fallback = torch.nonzero(~ok).flatten().tolist()
     for i in res.fallback:
-        log.warning("gmm-est-fmllr: speaker %s has count %.1f < min-count %g; identity "
+        log.warning("gmm-est-fmllr: speaker %s has count %.1f <= min-count %g; identity "
                     "transform", names[i], float(stats.beta[i]), min_count)
     if not bool(ok.any()):
         res.improvement = torch.zeros(s, dtype=torch.float64)
