@@ -238,15 +238,33 @@ def test_hadpsgd_nodes_and_reproducible_by_seed() -> None:
     assert ta.config["spectral_gap"] == pytest.approx(topology.spectral_gap(16, "exponential", 4))
 
 
+# The GMM passes of tests/test_e2e.py (ALIGN_SMALL), for an experiment made here.
+ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
+               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
+               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
+               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
+
+
+def make_exp(out: Path) -> list[str]:
+    """Features and small GMM alignments of the tiny corpus in ``out``; the overrides that
+    name them (the stages before align, less the CTC model's)."""
+    args = [f"exp_dir={out}", "nj=2", *ALIGN_SMALL]
+    for span in (["--to", "features"], ["--stage", "lm", "--to", "align"]):
+        proc = asrtrain("run", "recipes/tiny", *args, *span, timeout=1500)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return args
+
+
 @pytest.fixture(scope="module")
-def exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the finished tiny experiment (features, alignments), if this machine has one."""
+def exp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A tiny experiment with features and alignments, and the overrides that name it: a copy
+    of the finished one at /tmp/full/exp where this machine has it, else made here."""
+    out = tmp_path_factory.mktemp("sim") / "exp"
     full = Path("/tmp/full/exp")
     if not (full / "align" / "tri2_ali_train_dev" / "ali.scp").is_file():
-        pytest.skip("no finished tiny experiment at /tmp/full/exp")
-    out = tmp_path_factory.mktemp("sim") / "exp"
+        return out, make_exp(out)
     shutil.copytree(full, out, ignore=shutil.ignore_patterns("decode", "train", "log"))
-    return out
+    return out, [f"exp_dir={out}"]
 
 
 TINY_HYBRID = ["hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16"]
@@ -266,21 +284,23 @@ CTC_RUN = ["model.layers=1", "model.cells=32", "model.bottleneck=16", "trainer.e
 @pytest.mark.parametrize(("system", "stage", "settings", "name"), [
     ("hybrid", "train_hybrid", SSGD_RUN, "hybrid.model.name=h_ssgd"),
     ("ctc", "train", CTC_RUN, "model.name=c_ssgd")])  # CTC: with the recipe's SpecAugment
-def test_simulated_ssgd_equals_the_real_trainer(exp: Path, tmp_path: Path, system: str,
+def test_simulated_ssgd_equals_the_real_trainer(exp: tuple[Path, list[str]], tmp_path: Path,
+                                                system: str,
                                                 stage: str, settings: list[str],
                                                 name: str) -> None:
     """The real trainer with 4 gloo learners (torchrun, through `asrtrain run`) and
     `asrtrain simulate` with 4 learners give the same model over 2 epochs, to rounding: the
     same batches (each epoch's shards), SpecAugment draws, optimizer, clipping, LR schedule and
     gradient averaging."""
-    real = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", stage, "--to", stage,
+    exp_dir, recipe = exp
+    real = asrtrain("run", "recipes/tiny", *recipe, "--stage", stage, "--to", stage,
                     *settings, name, "trainer.backend=ssgd", "trainer.learners=4")
     assert real.returncode == 0, real.stderr[-3000:]
     out = tmp_path / "ssgd.json"
-    sim = asrtrain("simulate", "recipes/tiny", f"exp_dir={exp}", *settings, "--system", system,
+    sim = asrtrain("simulate", "recipes/tiny", *recipe, *settings, "--system", system,
                    "--learners", "4", "--backend", "ssgd", "--log-every", "20", "--out", str(out))
     assert sim.returncode == 0, sim.stderr[-3000:]
-    trained = torch.load(exp / "train" / name.split("=")[1] / "final.pt", map_location="cpu",
+    trained = torch.load(exp_dir / "train" / name.split("=")[1] / "final.pt", map_location="cpu",
                          weights_only=False)
     simulated = torch.load(out.with_suffix(".pt"))
     for k, v in trained["model"].items():
@@ -292,10 +312,10 @@ def test_simulated_ssgd_equals_the_real_trainer(exp: Path, tmp_path: Path, syste
 
 
 @pytest.mark.timeout(600)
-def test_simulate_command_on_the_hybrid_task(exp: Path, tmp_path: Path) -> None:
+def test_simulate_command_on_the_hybrid_task(exp: tuple[Path, list[str]], tmp_path: Path) -> None:
     out = tmp_path / "traj.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", f"exp_dir={exp}",
+        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", *exp[1],
          *TINY_HYBRID, "hybrid.trainer.batch_chunks=8", "hybrid.trainer.epochs=1",
          "trainer.topology=ring",
          "--learners", "16", "--backend", "adpsgd", "--speed", "straggler:1:4",
@@ -308,7 +328,7 @@ def test_simulate_command_on_the_hybrid_task(exp: Path, tmp_path: Path) -> None:
     assert traj["points"] and all(p["distance"] >= 0 for p in traj["points"])
     assert (out.parent / "traj.pt").is_file()
     bad = subprocess.run(
-        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", f"exp_dir={exp}",
+        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", *exp[1],
          "--learners", "6", "--backend", "hadpsgd", "--per-node", "4", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1
