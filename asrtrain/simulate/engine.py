@@ -41,10 +41,12 @@ from asrtrain.simulate.timing import (
     APPLY,
     EXCHANGE,
     LOG,
+    START,
     STEP,
     GossipClock,
     gossip_events,
     step_events,
+    step_starts,
     sync_segments,
 )
 
@@ -82,7 +84,9 @@ class SimConfig:
     trajectory every ``log_every`` rounds (SSGD: steps). ``sync_every`` > 0: all learners wait
     for each other and drain gossip every ``sync_every`` global steps, as the real trainer does
     at each ``trainer.log_every`` (its consensus distance is collective); 0: at epoch ends
-    only."""
+    only. ``read_at_start``: a step's gradient is taken at the model its member has when the
+    step starts, and applied when it ends, as on a real learner (one more vector per member);
+    False: both when it ends."""
 
     learners: int
     backend: str = "adpsgd"
@@ -99,6 +103,7 @@ class SimConfig:
     grad_clip: float = 0.0
     log_every: int = 1
     sync_every: int = 0
+    read_at_start: bool = True
 
     def members(self) -> int:
         """Gossip members: learners (adpsgd), nodes (hadpsgd), one (ssgd)."""
@@ -160,6 +165,7 @@ class Simulator:
         self.steps_done = 0  # steps every member took in the epochs before
         self.samples = 0
         self.losses: list[float] = []
+        self.grads: dict[int, tuple[torch.Tensor, int, float]] = {}  # steps under way
         self.traj = Trajectory(config={**asdict(cfg), "members": g,
                                        "spectral_gap": self._gap()})
 
@@ -189,16 +195,19 @@ class Simulator:
         member_times = times.reshape(cfg.members(), k, steps).max(axis=1)
         iters = [self.work.batches(epoch, r, cfg.learners) for r in range(cfg.learners)]
         for lo, hi in sync_segments(steps, self.steps_done, cfg.sync_every):
-            self._segment([self.now + np.cumsum(row[lo:hi]) for row in member_times], lo,
-                          iters, bar)
+            ends = [self.now + np.cumsum(row[lo:hi]) for row in member_times]
+            starts = [np.concatenate(([self.now], e[:-1])) for e in ends]  # exactly the ends
+            self._segment(ends, starts, lo, iters, bar)
         self.steps_done += steps
         self._end_epoch(epoch)
 
-    def _segment(self, ends: list[np.ndarray], first: int, iters: list[Iterator],
-                 bar: tqdm) -> None:
+    def _segment(self, ends: list[np.ndarray], starts: list[np.ndarray], first: int,
+                 iters: list[Iterator], bar: tqdm) -> None:
         """The steps between two points where all learners wait (drained gossip), in order."""
         cfg, k = self.cfg, self.cfg.per_member()
         events = step_events(ends, first)
+        if cfg.read_at_start:
+            events += step_starts(starts, first)
         end = max(float(e[-1]) for e in ends)
         if cfg.members() > 1:
             gossip, end = gossip_events(self.schedule, ends, self.now, self.clock,
@@ -207,8 +216,12 @@ class Simulator:
             events += gossip
         events.sort()
         for t, _r, _p, kind, a, b in events:
-            if kind == STEP:
-                self._step(a, iters[a * k:(a + 1) * k], t, b)
+            if kind == START:
+                self._gradient(a, iters[a * k:(a + 1) * k])
+            elif kind == STEP:
+                if not cfg.read_at_start:
+                    self._gradient(a, iters[a * k:(a + 1) * k])
+                self._update(a, t, b)
                 bar.update()
             elif kind == EXCHANGE:
                 self._exchange(a, b)
@@ -223,12 +236,13 @@ class Simulator:
         """Put the member's vector into the shared model."""
         torch.nn.utils.vector_to_parameters(self.x[member].detach(), self.params)
 
-    def _step(self, m: int, learners: list[Iterator], t: float, index: int) -> None:
-        """One step of member ``m``: its learners' gradients averaged (the allreduce's
-        arithmetic), clipped, and its own optimizer's step at its own global-sample count."""
-        model, x = self.work.model, self.x[m]
+    def _gradient(self, m: int, learners: list[Iterator]) -> None:
+        """The gradient of member ``m``'s step at its model now: its learners' gradients
+        averaged (the allreduce's arithmetic), and the learning rate at its own count of global
+        samples (the trainer sets it before the forward pass); kept until :meth:`_update`."""
+        model = self.work.model
         self._load(m)
-        total, losses, samples = None, [], 0
+        total, samples = None, 0
         for it in learners:
             batch = next(it)
             model.zero_grad(set_to_none=False)
@@ -236,20 +250,25 @@ class Simulator:
             loss.backward()
             grad = flatten_grads(self.params)
             total = grad if total is None else total.add_(grad)
-            losses.append(float(loss.detach()))
+            self.losses.append(float(loss.detach()))
             samples += int(self.work.samples(batch))
-        x.grad = mean_of_sum_(total, len(learners))
+        self.grads[m] = (mean_of_sum_(total, len(learners)), samples,
+                         self.work.lr(int(self.counts[m].sum())))
+
+    def _update(self, m: int, t: float, index: int) -> None:
+        """The end of member ``m``'s step: its gradient clipped and its own optimizer's step,
+        applied to its model as it is now (gossip may have changed it since the gradient)."""
+        x = self.x[m]
+        x.grad, samples, lr = self.grads.pop(m)
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_([x], self.cfg.grad_clip)
         opt = self.optimizers[m]
-        lr = self.work.lr(int(self.counts[m].sum()))
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
-        x.grad = None  # one gradient at a time, not one per member
+        x.grad = None
         self.counts[m, m] += samples
         self.samples += samples
-        self.losses.extend(losses)
         if self.cfg.members() == 1 and (index + 1) % self.cfg.log_every == 0:
             self._point(t, steps=index + 1, lr=lr)
 
@@ -280,7 +299,7 @@ class Simulator:
         return sum(dists) / len(dists) / max(norm, 1e-30)
 
     def _point(self, t: float, **extra: float) -> None:
-        loss = float(np.mean(self.losses)) if self.losses else float("nan")
+        loss = float(np.mean(self.losses)) if self.losses else None  # none since the last
         self.losses = []
         point = {"time": t, "samples": self.samples, "loss": loss, "distance": self.distance(),
                  **extra}

@@ -27,7 +27,7 @@ import numpy as np
 
 from asrtrain.distributed.topology import Schedule
 
-STEP, EXCHANGE, APPLY, LOG = 0, 1, 2, 3
+STEP, EXCHANGE, APPLY, LOG, START = 0, 1, 2, 3, 4
 _LAST = 1 << 30  # the phase slot of a round's apply and log events: after all its exchanges
 
 Event = tuple[float, int, int, int, int, int]
@@ -45,6 +45,13 @@ def step_events(ends: list[np.ndarray], first: int = 0) -> list[Event]:
     """One event per step: member ``a``'s step ``b`` (numbered from ``first``) ends at its
     time."""
     return [(float(t), -1, 0, STEP, g, first + k) for g, row in enumerate(ends)
+            for k, t in enumerate(row)]
+
+
+def step_starts(starts: list[np.ndarray], first: int = 0) -> list[Event]:
+    """One event per step start: member ``a``'s step ``b`` reads its model (after a step that
+    ends at the same moment, before gossip then)."""
+    return [(float(t), -1, 1, START, g, first + k) for g, row in enumerate(starts)
             for k, t in enumerate(row)]
 
 
