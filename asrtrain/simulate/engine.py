@@ -10,12 +10,13 @@ follow :class:`asrtrain.distributed.topology.Schedule`. The times of steps and r
 the speed model (:mod:`.speeds`) and the gossip thread's rules (:mod:`.timing`); events are
 applied in time order.
 
-What is simplified, and why: a step reads and updates its member's model at the moment it ends
-(the real step reads it when it starts, so gossip arriving during a step is seen one step later
-here); an exchange reads both partners' models when both reached it (the real thread sends the
-model it had at the round's start, the lag being the partner's wait). Both keep N model copies
-(plus each member's optimizer state and the change of its round in flight, as the real thread
-holds); with zero learning rate neither matters and a round is exactly the backends' ``W_r``.
+A step takes its gradient at its member's model when it starts and applies it when it ends, as
+on a real learner, so gossip that lands during a step is kept under the step's update. What is
+simplified, and why: an exchange reads both partners' models when both reached it (the real
+thread sends the model it had at the round's start, the lag being the partner's wait), which
+keeps N model copies, plus per member its optimizer state, the change of its round in flight (as
+the real thread holds) and the gradient of its step under way; with zero learning rate this does
+not matter and a round is exactly the backends' ``W_r``. docs/science.md measures the rest.
 The learning rate follows each member's count of global samples, known through the counters that
 ride along every exchange (a vector clock, as the real gossip does).
 """
