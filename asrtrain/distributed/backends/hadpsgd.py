@@ -97,8 +97,12 @@ class HADPSGDBackend(DistributedBackend):
         head[0] = int(batch_samples)
         delta = None
         if self.gossip is not None:
-            with self.model_lock:
+            # Taken and added under one hold of the lock: a snapshot of the gossip thread
+            # (model + pending) in between would miss the change.
+            with self.updating_model():
                 delta = self.gossip.take_pending()
+                if delta is not None:
+                    add_flat_(self.params, delta)
             head[1] = int(delta is not None)
             head[2] = self.gossip.global_samples()
         head = self.comm.allreduce(head, "node progress allreduce", self.node_group)
@@ -107,8 +111,9 @@ class HADPSGDBackend(DistributedBackend):
         if flag:
             buf = delta if delta is not None else torch.empty(self._numel, dtype=self._dtype)
             self.comm.broadcast_([buf], self.leader, self.node_group, "node gossip broadcast")
-            with self.updating_model():
-                add_flat_(self.params, buf)
+            if delta is None:  # the leader added it already
+                with self.updating_model():
+                    add_flat_(self.params, buf)
         return node_samples
 
     def after_step(self, step: int, batch_samples: int) -> None:
