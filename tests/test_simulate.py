@@ -127,34 +127,47 @@ def test_ssgd_equals_four_real_gloo_learners(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("scheme", "extra"), [("ring", []), ("random_ring", []),
-                                               ("exponential", ["--delay-by-one"])])
-def test_adpsgd_zero_lr_consensus_distance_per_round_equals_real(
-        tmp_path: Path, scheme: str, extra: list[str]) -> None:
-    """Four real learners from their own random models, no learning, out of step (delays,
-    jitter): after every drain the consensus distance is the simulator's after as many
-    rounds."""
-    stats = spawn(tmp_path, 4, "--backend", "adpsgd", "--topology", scheme, "--steps", "24",
-                  "--log-every", "4", "--no-sync-init", "--lr", "0", "--batch", "8",
-                  "--sleep", "0.005", "--jitter", "0.01", "--idle", "0.02", "--seed", "2",
-                  *extra)
+@pytest.mark.parametrize(("backend", "learners", "per_node", "scheme", "extra"), [
+    ("adpsgd", 4, 1, "ring", []),
+    ("adpsgd", 4, 1, "random_ring", []),
+    ("adpsgd", 4, 1, "exponential", ["--delay-by-one"]),
+    ("hadpsgd", 8, 2, "random_ring", []),  # 4 nodes of 2: the leaders gossip
+])
+def test_zero_lr_consensus_distance_per_round_equals_real(
+        tmp_path: Path, backend: str, learners: int, per_node: int, scheme: str,
+        extra: list[str]) -> None:
+    """Real learners from their own random models (a node from its leader's), no learning, out
+    of step (delays, jitter): after every drain the consensus distance is the simulator's after
+    as many rounds. The harness reads learner 0's round count just after the drain is released
+    (bench/synthetic.py), when its gossip thread may have started a round or two more: the
+    count is an upper bound, so the match is sought at it or up to 2 rounds before (the
+    distance shrinks ~3x a round, so no other round is within the tolerance)."""
+    stats = spawn(tmp_path, learners, "--backend", backend, "--per-node", str(per_node),
+                  "--topology", scheme, "--steps", "24", "--log-every", "4", "--no-sync-init",
+                  "--lr", "0", "--batch", "16", "--sleep", "0.005", "--jitter", "0.01",
+                  "--idle", "0.02", "--seed", "2", *extra)
     points = stats[0]["distances"]  # (step, distance, rounds) after a drain
     rounds = max(p[2] for p in points)
     assert rounds >= 6 and points[0][2] == 0
     starts = [torch.nn.utils.parameters_to_vector(
         synthetic.make_model(DIM, HIDDEN, 2 + 1000 * (r + 1)).parameters()).detach()
-        for r in range(4)]
-    sim = Simulator(SimConfig(4, "adpsgd", topology=scheme, seed=2, delay_by_one=bool(extra),
-                              idle_s=1e9, log_every=1),
-                    SyntheticWorkload(rounds + 1, 8, 0.0, 1.0, seed=2),
+        for r in range(0, learners, per_node)]  # each node's leader
+    sim = Simulator(SimConfig(learners, backend, per_node=per_node, topology=scheme, seed=2,
+                              delay_by_one=bool(extra), idle_s=1e9, log_every=1),
+                    SyntheticWorkload(rounds + 1, 16, 0.0, 1.0, seed=2),
                     initial=lambda m: starts[m])
     first = sim.distance()
     traj = sim.run()
     by_round = {0: first, **{p["rounds"]: p["distance"] for p in traj.points}}
     assert points[0][1] == pytest.approx(first, rel=1e-5)
+    exact = 0
     for _step, distance, r in points:
-        assert by_round[r] == pytest.approx(distance, rel=1e-4, abs=1e-7 * first), r
-    assert by_round[rounds] < 0.5 * first  # gossip moved them
+        near = [q for q in range(max(0, r - 2), r + 1)
+                if by_round[q] == pytest.approx(distance, rel=1e-4, abs=1e-7 * first)]
+        assert near, (r, distance, [by_round[q] for q in range(max(0, r - 2), r + 1)])
+        exact += r in near
+    assert exact >= len(points) // 2  # mostly the count itself
+    assert min(by_round.values()) < 0.5 * first  # gossip moved them
 
 
 LEARN = ["--backend", "adpsgd", "--steps", "40", "--batch", "36", "--lr", "0.1",
