@@ -170,13 +170,16 @@ def test_zero_lr_consensus_distance_per_round_equals_real(
     assert min(by_round.values()) < 0.5 * first  # gossip moved them
 
 
-LEARN = ["--backend", "adpsgd", "--steps", "40", "--batch", "36", "--lr", "0.1",
-         "--decay-samples", "1e9", "--sleep", "0.03"]
+LEARN = ["--steps", "40", "--batch", "36", "--lr", "0.1", "--decay-samples", "1e9",
+         "--sleep", "0.03"]
 SEEDS = range(4)
 
 
 @pytest.mark.timeout(300)
-def test_adpsgd_learning_heldout_loss_within_the_real_runs_spread(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "per_node", "delay_by_one"), [
+    ("adpsgd", 1, False), ("adpsgd", 1, True), ("hadpsgd", 2, False)])
+def test_learning_heldout_loss_within_the_real_runs_spread(
+        tmp_path: Path, backend: str, per_node: int, delay_by_one: bool) -> None:
     """Four real learners at ~30 ms a step (gossip keeps up: a round a step) against the
     simulator at the same pace, over four seeds (data, model, ring): the mean held-out loss of
     the simulator is within the spread of the real runs' (docs/science.md states it)."""
@@ -184,11 +187,13 @@ def test_adpsgd_learning_heldout_loss_within_the_real_runs_spread(tmp_path: Path
     for seed in SEEDS:
         out = tmp_path / f"seed{seed}"
         out.mkdir()
-        stats = spawn(out, 4, *LEARN, "--seed", str(seed))
-        assert all(s["rounds"] >= 20 for s in stats)  # the pace the simulator is given
+        stats = spawn(out, 4, *LEARN, "--backend", backend, "--per-node", str(per_node),
+                      "--seed", str(seed), *(["--delay-by-one"] if delay_by_one else []))
+        assert all(s["rounds"] >= 20 for s in stats[::per_node])  # the pace the simulator has
         real.append(heldout(torch.load(out / "consensus.pt"), seed))
-        s = Simulator(SimConfig(4, "adpsgd", seed=seed, step_s=0.03, jitter=0.2,
-                                exchange_s=0.005, log_every=0),
+        s = Simulator(SimConfig(4, backend, per_node=per_node, delay_by_one=delay_by_one,
+                                seed=seed, step_s=0.03, jitter=0.2, exchange_s=0.005,
+                                log_every=0),
                       SyntheticWorkload(40, 36, 0.1, 1e9, seed))
         sim.append(s.run().epochs[-1]["heldout_loss"])
     start = statistics.mean(heldout(synthetic.make_model(DIM, HIDDEN, s).state_dict(), s)
