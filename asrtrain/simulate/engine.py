@@ -126,6 +126,7 @@ class SimConfig:
         for key in ("step_s", "idle_s"):
             if not getattr(self, key) > 0:
                 raise AsrtrainError(f"simulate: {key}={getattr(self, key)}: must be positive")
+        speeds.learner_factors(self.speed, self.learners, self.seed)  # a bad spec, before any work
 
 
 @dataclass
