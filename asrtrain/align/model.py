@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -307,6 +308,13 @@ def _align_shard(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: M
 _SHARED: dict = {}   # what forked alignment jobs read (set by the parent just before the fork)
 
 
+def _quiet_job() -> None:
+    """A forked job takes the default action on SIGTERM (the pool's way of ending it) and leaves
+    Ctrl-C to the parent: it inherited the CLI's handlers, which would print a traceback."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _shard_job(index: int) -> _ShardResult:
     """One job of :func:`_align_parallel`: its shard, one thread (the jobs fill the cores)."""
     torch.set_num_threads(1)
@@ -328,7 +336,7 @@ def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg
                    shards=[order[i::num_shards] for i in range(num_shards)])
     parts = []
     try:
-        with mp.get_context("fork").Pool(nj) as pool:
+        with mp.get_context("fork").Pool(nj, initializer=_quiet_job) as pool:
             for part in pool.imap_unordered(_shard_job, range(num_shards)):
                 for utt, g in part.graphs.items():
                     cache.keep(utt, g)

@@ -105,7 +105,7 @@ def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
     out, data, dec = (paths.align_pass(name), paths.mfcc_set(set_name),
                       paths.decode_dir(name, set_name))
     log.info("align %s %s: %s", name, set_name, describe_scoring(data))
-    summary = decode_gmm(out, out / "graph", data, dec, options)
+    summary = decode_gmm(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj))
     if tuned_on:
         note_tuned_on(dec, tuned_on)
     if summary["counts"]:
