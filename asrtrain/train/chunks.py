@@ -104,17 +104,22 @@ class ChunkSet:
 
     def load(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
         feats = self.reader[utt]
+        return feats, self.alignment(utt, feats.shape[0])
+
+    def alignment(self, utt: str, num_frames: int, dtype: type = np.int64) -> np.ndarray:
+        """``utt``'s pdf ids, checked against its ``num_frames`` frames of features and the
+        number of pdfs; an error names ``ali.scp`` and the utterance."""
         try:
-            ali = np.asarray(kaldiio.load_mat(self.ali[utt]), dtype=np.int64)
+            ali = np.asarray(kaldiio.load_mat(self.ali[utt]), dtype=dtype)
         except Exception as e:
             raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt}: {e}") from e
-        if ali.shape != (feats.shape[0],):
+        if ali.shape != (num_frames,):
             raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt} has {ali.shape[0]} "
-                                f"frames of alignment for {feats.shape[0]} frames of features")
+                                f"frames of alignment for {num_frames} frames of features")
         if ali.size and (ali.min() < 0 or ali.max() >= self.num_pdfs):
             raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt} has pdf ids outside "
                                 f"[0, {self.num_pdfs})")
-        return feats, ali
+        return ali
 
     def cut(self, utt: str) -> list[tuple[np.ndarray, np.ndarray]]:
         feats, ali = self.load(utt)

@@ -24,7 +24,6 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import kaldiio
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -188,17 +187,7 @@ class ResidentChunks:
             raise AsrtrainError(f"{cs.data_dir}/utt2num_frames: utterance {utt} has "
                                 f"{cs.num_frames[utt]} frames, its features {mat.shape[0]}; "
                                 "rerun the features stage")
-        try:
-            ali = np.asarray(kaldiio.load_mat(cs.ali[utt]), dtype=np.int32)
-        except Exception as e:
-            raise AsrtrainError(f"{cs.ali_dir}/ali.scp: utterance {utt}: {e}") from e
-        if ali.shape != (mat.shape[0],):
-            raise AsrtrainError(f"{cs.ali_dir}/ali.scp: utterance {utt} has {ali.shape[0]} "
-                                f"frames of alignment for {mat.shape[0]} frames of features")
-        if ali.size and (ali.min() < 0 or ali.max() >= cs.num_pdfs):
-            raise AsrtrainError(f"{cs.ali_dir}/ali.scp: utterance {utt} has pdf ids outside "
-                                f"[0, {cs.num_pdfs})")
-        return mat, ali
+        return mat, cs.alignment(utt, mat.shape[0], np.int32)
 
     def _cmvn(self) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, int]]:
         """Per-speaker shift and scale on the compute device (Kaldi's ``apply-cmvn``), and each
