@@ -122,8 +122,33 @@ class _PassLog:
 
 
 def _global_stats(utts: list[Utterance]) -> tuple[np.ndarray, np.ndarray]:
-    x = np.concatenate([u.feats for u in utts]).astype(np.float64)
-    return x.mean(0), x.var(0)
+    """Mean and variance of all frames, one utterance at a time (a float64 copy of the corpus
+    was ~500 bytes a frame at the stage's peak).  Sums run frame by frame in corpus order, as
+    ``x.mean(0)``/``x.var(0)`` of the concatenation do, so the figures are the same bits."""
+    n = sum(len(u.feats) for u in utts)
+    mean = _running_sum(u.feats.astype(np.float64) for u in utts) / n
+    var = _running_sum((u.feats.astype(np.float64) - mean) ** 2 for u in utts) / n
+    return mean, var
+
+
+def _running_sum(blocks) -> np.ndarray:
+    """Rows summed in order across blocks (one sequential sum, as numpy's axis-0 reduction)."""
+    acc = None
+    for b in blocks:
+        acc = b.sum(0) if acc is None else np.add.reduce(np.concatenate([acc[None], b]), 0)
+    return acc
+
+
+class _ContextItems:
+    """``(frame contexts, feats)`` per utterance for :meth:`TreeStats.accumulate`, made on the
+    fly from the previous alignment (all of them at once were 32 bytes a frame)."""
+
+    def __init__(self, utts: list[Utterance], prev: Mapping[str, np.ndarray]) -> None:
+        self.utts, self.prev = utts, prev
+
+    def __iter__(self):
+        for u in self.utts:
+            yield frame_contexts(self.prev[u.utt].astype(np.int64)), u.feats
 
 
 def _num_states(lang: Lang) -> dict[int, int]:
@@ -269,8 +294,7 @@ def train_tri(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
                             "have an alignment")
     utts = utts_with_ali
     t0 = time.time()
-    items = [(frame_contexts(prev[u.utt].astype(np.int64)), u.feats) for u in utts]
-    stats = TreeStats.accumulate(items)
+    stats = TreeStats.accumulate(_ContextItems(utts, prev))
     mean, var = _global_stats(utts)
     var_floor = c.var_floor_factor * var
     ps = lang.phones

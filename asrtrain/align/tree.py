@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,14 +36,35 @@ class TreeStats:
     stats: np.ndarray
 
     @classmethod
-    def accumulate(cls, items: list[tuple[np.ndarray, np.ndarray]]) -> TreeStats:
-        """From per-utterance ``(contexts [T, 4], feats [T, D])``."""
-        keys = np.concatenate([k for k, _ in items])
-        x = np.concatenate([f for _, f in items]).astype(np.float64)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        stats = np.zeros((len(uniq), 1 + 2 * x.shape[1]))
-        np.add.at(stats, inv.reshape(-1), np.concatenate([np.ones((len(x), 1)), x, x * x], 1))
-        return cls(uniq, stats)
+    def accumulate(cls, items: Iterable[tuple[np.ndarray, np.ndarray]]) -> TreeStats:
+        """From per-utterance ``(contexts [T, 4], feats [T, D])``; ``items`` is iterated twice
+        (contexts first, then statistics) and may make each pair on the fly, so memory holds one
+        utterance's float64 copy, not the corpus's (Kaldi's acc-tree-stats streams too).  The
+        sums are added frame by frame in corpus order, as one ``np.add.at`` over all frames."""
+        codes = [np.unique(_context_codes(k)) for k, _ in items]
+        uniq = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
+        stats = None
+        for k, f in items:
+            x = f.astype(np.float64)
+            if stats is None:
+                stats = np.zeros((len(uniq), 1 + 2 * x.shape[1]))
+            np.add.at(stats, np.searchsorted(uniq, _context_codes(k)),
+                      np.concatenate([np.ones((len(x), 1)), x, x * x], 1))
+        keys = np.stack([(uniq >> sh) & mask for sh, mask in _CODE_FIELDS], axis=1)
+        return cls(keys, stats if stats is not None else np.zeros((0, 1)))
+
+
+# (shift, mask) of left, phone, right, pdf_class in a context's int64 code: codes sort as the
+# contexts do (lexicographically), so np.unique over codes gives np.unique(axis=0)'s order
+_CODE_FIELDS = ((40, 0xFFFF), (24, 0xFFFF), (8, 0xFFFF), (0, 0xFF))
+
+
+def _context_codes(ctx: np.ndarray) -> np.ndarray:
+    """One int64 per ``(left, phone, right, pdf_class)`` row (8 bytes a frame, not 32)."""
+    ctx = np.asarray(ctx, dtype=np.int64).reshape(-1, 4)
+    if len(ctx) and (ctx.min() < 0 or ctx[:, :3].max() > 0xFFFF or ctx[:, 3].max() > 0xFF):
+        raise ValueError(f"context out of range for tree statistics: {ctx.min()}..{ctx.max()}")
+    return (ctx[:, 0] << 40) | (ctx[:, 1] << 24) | (ctx[:, 2] << 8) | ctx[:, 3]
 
 
 def gaussian_loglike(stats: np.ndarray, var_floor: np.ndarray) -> np.ndarray:
