@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import filecmp
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -22,13 +23,16 @@ from asrtrain.align.graph import hmm_graph, phone_graph, scale_transitions
 from asrtrain.align.model import (
     AcousticModel,
     GraphCache,
+    Utterance,
     align,
     align_graphs,
     estimate_log_trans,
     load_data,
+    read_int_table,
     transition_counts,
 )
-from asrtrain.align.train import train_mono
+from asrtrain.align.train import _ContextItems, _global_stats, train_mono
+from asrtrain.align.tree import TreeStats
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.lang.lexicon import Lang
 
@@ -212,3 +216,49 @@ def test_time_align_iteration_aligns_random_graphs_sparse_and_dense() -> None:
     # each utterance scores its own pdfs' Gaussians only: far fewer than the model's
     assert sparse["gaussians_scored_per_frame"] < dense["gaussians_scored_per_frame"] / 2
     assert 10 < sparse["distinct_pdfs_per_utt"] < 300
+
+
+def _corpus_in_one_piece(items) -> tuple[np.ndarray, np.ndarray]:
+    """What the stage computed before it streamed: tree statistics of the concatenated corpus."""
+    keys = np.concatenate([k for k, _ in items])
+    x = np.concatenate([f for _, f in items]).astype(np.float64)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    stats = np.zeros((len(uniq), 1 + 2 * x.shape[1]))
+    np.add.at(stats, inv.reshape(-1), np.concatenate([np.ones((len(x), 1)), x, x * x], 1))
+    return uniq, stats
+
+
+def test_streamed_tree_stats_and_global_stats_are_the_corpus_wide_ones(setup, mono) -> None:  # noqa: F811
+    """Per-utterance accumulation gives the same bits as the concatenated corpus (so the same
+    tree, model and alignments as before the memory fix)."""
+    lang, _, utts = setup
+    prev = read_int_table(mono / "ali_phone_state.scp")
+    items = _ContextItems(utts, prev)
+    stats = TreeStats.accumulate(items)
+    keys, ref = _corpus_in_one_piece(list(items))
+    np.testing.assert_array_equal(stats.keys, keys)
+    assert stats.keys.dtype == keys.dtype
+    assert np.array_equal(stats.stats, ref)          # bitwise, not close
+    mean, var = _global_stats(utts)
+    x = np.concatenate([u.feats for u in utts]).astype(np.float64)
+    assert np.array_equal(mean, x.mean(0)) and np.array_equal(var, x.var(0))
+
+
+def test_tree_and_global_stats_need_no_copy_of_the_corpus() -> None:
+    """Their peak allocation (tracemalloc sees numpy's) is one utterance's work, not a float64
+    copy of every frame (the concatenated version took ~1.3 kB a frame)."""
+    rng = np.random.default_rng(5)   # 5 phones: few contexts, as in speech (632 bytes each)
+    utts = [Utterance(f"u{i}", [], rng.normal(0, 1, (1000, 39)).astype(np.float32))
+            for i in range(200)]
+    ali = {u.utt: (rng.integers(1, 6, 1000) * 8 + rng.integers(0, 3, 1000)).astype(np.int32)
+           for u in utts}
+    frames = 200 * 1000
+    tracemalloc.start()
+    try:
+        stats = TreeStats.accumulate(_ContextItems(utts, ali))
+        _global_stats(utts)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert stats.stats[:, 0].sum() == frames
+    assert peak < 100 * frames, f"{peak / frames:.0f} bytes a frame"

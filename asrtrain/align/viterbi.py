@@ -77,8 +77,10 @@ def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
     in_w[dst[order], slot] = weight[order]
     in_arc[dst[order], slot] = order
 
-    scaled = acoustic_scale * acoustics
-    score = torch.cat([start + scaled[0], torch.tensor([neg_inf], device=device)])
+    # scaled row by row in the loop (the same products): a scaled copy of the whole
+    # [frames, states] matrix was a third of a batch's memory
+    score = torch.cat([start + acoustic_scale * acoustics[0],
+                       torch.tensor([neg_inf], device=device)])
     back = torch.full((t_max, total), -1, dtype=torch.int32, device=device)
     active_mask = torch.zeros(total + 1, dtype=torch.bool, device=device)
     for t in range(1, t_max):
@@ -86,7 +88,8 @@ def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
         back[t] = arg.int()
         # states of utterances that have ended keep their final scores
         active_mask[:total] = len_of_state > t
-        score = torch.where(active_mask, torch.cat([best + scaled[t], score[-1:]]), score)
+        step = torch.cat([best + acoustic_scale * acoustics[t], score[-1:]])
+        score = torch.where(active_mask, step, score)
     score = score[:total]
     end = score + final
     best_end = torch.full((len(graphs),), neg_inf, device=device).scatter_reduce(
