@@ -10,6 +10,7 @@ transition-id alignments).
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import multiprocessing as mp
@@ -335,6 +336,8 @@ def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg
     _SHARED.update(model=model, lang=lang, cfg=cfg, cache=cache,
                    shards=[order[i::num_shards] for i in range(num_shards)])
     parts = []
+    gc.freeze()   # the jobs' garbage collector leaves the parent's objects alone: its passes
+    #               wrote to every object's header, copying every page of them into each job
     try:
         with mp.get_context("fork").Pool(nj, initializer=_quiet_job) as pool:
             for part in pool.imap_unordered(_shard_job, range(num_shards)):
@@ -344,6 +347,7 @@ def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg
                 parts.append(part)
                 bar.update(len(part.acoustic) + len(part.failed))
     finally:
+        gc.unfreeze()
         _SHARED.clear()
     return parts
 
