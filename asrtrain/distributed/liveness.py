@@ -115,7 +115,13 @@ class Liveness:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the heartbeat and wait for its thread. A daemon thread still inside a store call
+        when the interpreter exits is ended by ``pthread_exit`` as it takes the GIL back, which
+        unwinds through C++ frames that may not unwind: ``terminate called without an active
+        exception`` and SIGABRT of a learner whose training had finished."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval + 10.0)
 
     def report_failure(self, message: str) -> None:
         """Record that this learner fails because of someone else (so it is not blamed)."""
