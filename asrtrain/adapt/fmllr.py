@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
+from asrtrain.adapt.mllt import checked_inverse
 from asrtrain.adapt.posteriors import FrameGaussians
 
 log = logging.getLogger(__name__)
@@ -151,10 +152,8 @@ def _update_row(w: torch.Tensor, i: int, stats: FmllrStats, ginv: torch.Tensor) 
 
 def _inverse_g(g: torch.Tensor, names: list[str]) -> torch.Tensor:
     """``G_i^-1`` of every speaker and row, or an error naming the speakers whose are singular."""
-    inv, info = torch.linalg.inv_ex(g)
-    cond = torch.linalg.cond(g)
-    bad_spk = torch.nonzero((info != 0).any(1) | ~torch.isfinite(cond).all(1)
-                            | (cond > 1e14).any(1)).flatten().tolist()
+    inv, singular = checked_inverse(g)
+    bad_spk = torch.nonzero(singular.any(1)).flatten().tolist()
     if bad_spk:
         raise AsrtrainError(f"gmm-est-fmllr: singular statistics for {len(bad_spk)} "
                             f"speaker(s): {', '.join(names[j] for j in bad_spk[:5])} (a "

@@ -117,13 +117,18 @@ def estimate_mllt(stats: MlltStats, num_iters: int = 200, tol: float = 1e-8) -> 
     return res
 
 
+def checked_inverse(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverses of a batch of square matrices ``g`` [..., n, n], and which of them are
+    singular (a failed inversion, or a condition number past 1e14) [...]: the callers name them."""
+    inv, info = torch.linalg.inv_ex(g)
+    cond = torch.linalg.cond(g)
+    return inv, (info != 0) | ~torch.isfinite(cond) | (cond > 1e14)
+
+
 def _inverse_stats(g: torch.Tensor, what: str) -> torch.Tensor:
     """``G_i^-1`` for every ``i``, or an error naming the dimensions whose ``G_i`` is singular."""
-    inv, info = torch.linalg.inv_ex(g)
-    bad = torch.nonzero(info).flatten().tolist()
-    if not bad:
-        cond = torch.linalg.cond(g)
-        bad = torch.nonzero(~torch.isfinite(cond) | (cond > 1e14)).flatten().tolist()
+    inv, singular = checked_inverse(g)
+    bad = torch.nonzero(singular).flatten().tolist()
     if bad:
         raise AsrtrainError(f"{what}: the statistics G_i of {len(bad)} of {g.shape[0]} "
                             f"dimensions are singular (first: {bad[:5]}); too few frames or a "
