@@ -146,6 +146,23 @@ class Paths:
         data dir)."""
         return self.exp / "data" / f"{name}_mfcc"
 
+    def fmllr_set(self, name: str) -> Path:
+        """The copy of data set ``name`` whose ``feats.scp`` holds speaker-adapted (fMLLR)
+        features of the last SAT pass, for the hybrid model's input (no ``cmvn.scp``: they are
+        speaker-normalized already)."""
+        return self.exp / "data" / f"{name}_fmllr"
+
+    def ivector_set(self, name: str) -> Path:
+        """Online i-vectors of data set ``name``: ``ivector_online.{ark,scp}`` (one matrix per
+        utterance, a row every ``ivector_period`` frames; frame ``t`` uses row
+        ``t // period``) and ``ivector_period``."""
+        return self.exp / "ivectors" / name
+
+    @property
+    def ivector_extractor(self) -> Path:
+        """The diagonal UBM and i-vector extractor trained on the training set."""
+        return self.exp / "ivectors" / "extractor"
+
     @property
     def dict_dir(self) -> Path:
         return self.exp / "data" / "local" / "dict"
