@@ -3,24 +3,38 @@
 Stages (each reads a data dir with MFCC ``feats.scp``/``cmvn.scp`` and a lang dir)::
 
     train_mono(data_dir, lang_dir, out_dir, cfg)             steps/train_mono.sh
-    align_data(data_dir, lang_dir, model_dir, out_dir, cfg)  steps/align_si.sh
+    align_data(data_dir, lang_dir, model_dir, out_dir, cfg)  steps/align_si.sh (align_fmllr.sh
+                                                             for a SAT model)
     train_tri(data_dir, lang_dir, ali_dir, out_dir, cfg)     steps/train_deltas.sh (tri1, tri2)
+    train_lda_mllt(data_dir, lang_dir, ali_dir, out_dir, cfg)  steps/train_lda_mllt.sh (tri3)
+    train_sat(data_dir, lang_dir, ali_dir, out_dir, cfg)     steps/train_sat.sh (tri4)
+    align_fmllr(data_dir, lang_dir, model_dir, out_dir, cfg) steps/align_fmllr.sh
+    train_pass(data_dir, lang_dir, ali_dir, out_dir, cfg)    one of the above by cfg ``type``
     import_kaldi_alignment(kaldi_dir, out_dir, num_pdfs)     align.source=kaldi
 
 ``cfg`` keys are the fields of :class:`asrtrain.align.train.GmmConfig`.  Every output dir holds
 ``final.mdl``, ``tree.txt``, ``num_pdfs``, ``ali.{ark,scp}`` (int32 pdf ids per frame),
-``ali_phone_state.{ark,scp}``, ``log.txt`` and ``passes.json``.  Alignment scores only the pdfs
-of each utterance's training graph, compiles each graph once per pass and runs in ``nj`` jobs
-(:func:`asrtrain.align.model.align`); :func:`asrtrain.align.bench.time_align_iteration` times one
-iteration at Switchboard model sizes.
+``ali_phone_state.{ark,scp}``, ``log.txt`` and ``passes.json``; SAT passes and fMLLR alignments
+add ``trans.{ark,scp}`` (a ``[dim, dim+1]`` fMLLR matrix per speaker) and ``final.alimdl``.  A
+model's features come from :func:`asrtrain.align.model.model_features` (Δ, or splice + LDA+MLLT)
+and :func:`asrtrain.align.model.load_data` (plus fMLLR transforms);
+:func:`asrtrain.align.sat.estimate_transforms` estimates transforms from an alignment.
+Alignment scores only the pdfs of each utterance's training graph, compiles each graph once per
+pass and runs in ``nj`` jobs (:func:`asrtrain.align.model.align`);
+:func:`asrtrain.align.bench.time_align_iteration` times one iteration at Switchboard model sizes.
 """
 
+from asrtrain.align.sat import align_fmllr, estimate_transforms, train_sat
 from asrtrain.align.train import (
     GmmConfig,
     align_data,
     import_kaldi_alignment,
+    train_lda_mllt,
     train_mono,
+    train_pass,
     train_tri,
 )
 
-__all__ = ["GmmConfig", "align_data", "import_kaldi_alignment", "train_mono", "train_tri"]
+__all__ = ["GmmConfig", "align_data", "align_fmllr", "estimate_transforms",
+           "import_kaldi_alignment", "train_lda_mllt", "train_mono", "train_pass", "train_sat",
+           "train_tri"]

@@ -6,6 +6,13 @@ Alignments are written as two Kaldi int32-vector tables (readable by ``copy-int-
 ``ali_phone_state.ark``/``.scp`` with ``8 * phone_id + hmm_state`` per frame, which is
 independent of the tree and lets the next pass accumulate context statistics (the role of Kaldi's
 transition-id alignments).
+
+A model's features are CMN'd MFCCs mapped by :func:`model_features`: Δ/ΔΔ (``delta_order``), or,
+for LDA+MLLT models, spliced frames times ``lda_mllt`` (Kaldi's ``final.mat``).  A SAT model
+(``sat``) was trained on those features with each speaker's fMLLR transform applied
+(``trans.{ark,scp}``, :func:`write_transforms`, :func:`read_transforms`); its speaker-independent
+twin for the first decoding pass is ``final.alimdl`` (``AcousticModel.load(dir,
+alignment_model=True)``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import torch
 from tqdm import tqdm
 
 from asrtrain import AsrtrainError
+from asrtrain.adapt.lda import apply_transform
+from asrtrain.adapt.splice import splice_frames
 from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.graph import (
     HmmGraph,
@@ -38,6 +47,7 @@ from asrtrain.align.graph import (
 from asrtrain.align.tree import Tree
 from asrtrain.align.viterbi import Alignment, viterbi_states
 from asrtrain.features.reader import FeatureReader
+from asrtrain.features.transform import add_deltas
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
 from asrtrain.lang.lexicon import Lang
 
@@ -50,16 +60,16 @@ STATE_BITS = 8   # ali_phone_state value = phone * 8 + hmm_state
 class Utterance:
     utt: str
     words: list[str]
-    feats: np.ndarray    # [T, D] after CMN and deltas
+    feats: np.ndarray    # [T, D] the model's features (see :func:`model_features`)
+    speaker: str = ""
 
 
-def load_data(data_dir: Path, lang: Lang, delta_order: int = 2) -> tuple[list[Utterance],
-                                                                          dict[str, str]]:
-    """Read text, feats.scp and cmvn.scp (Kaldi apply-cmvn: per-speaker means, no variance
-    normalization) and add deltas.  Returns the utterances and the ones left out with why
-    (transcript words outside the lexicon when it has no <unk>); an utterance without features
-    is an error (see :class:`FeatureReader`)."""
-    reader = FeatureReader(data_dir, delta_order, norm_vars=False, require_cmvn=True,
+def read_utterances(data_dir: Path, lang: Lang) -> tuple[list[Utterance], dict[str, str]]:
+    """Text, speaker and CMN'd MFCCs (Kaldi apply-cmvn: per-speaker means, no variance
+    normalization) of every utterance, before deltas or splicing.  Returns the utterances and the
+    ones left out with why (transcript words outside the lexicon when it has no <unk>); an
+    utterance without features is an error (see :class:`FeatureReader`)."""
+    reader = FeatureReader(data_dir, 0, norm_vars=False, require_cmvn=True,
                            hint="run the mfcc features stage first")
     data = reader.data
     out, skipped = [], {}
@@ -75,40 +85,123 @@ def load_data(data_dir: Path, lang: Lang, delta_order: int = 2) -> tuple[list[Ut
             words.append(w)
         if utt in skipped:
             continue
-        out.append(Utterance(utt, words, reader[utt]))
+        out.append(Utterance(utt, words, reader[utt], data.utt2spk[utt]))
     return out, skipped
+
+
+def load_data(data_dir: Path, lang: Lang, model_or_delta_order: AcousticModel | int = 2,
+              transforms: Mapping[str, np.ndarray] | None = None
+              ) -> tuple[list[Utterance], dict[str, str]]:
+    """The utterances of a data dir as a model sees them: :func:`read_utterances`, then
+    :func:`model_features` (a model, or a delta order for Δ features), then each speaker's
+    fMLLR transform when ``transforms`` (speaker -> ``[dim, dim+1]``) is given."""
+    utts, skipped = read_utterances(data_dir, lang)
+    for u in utts:
+        u.feats = model_features(model_or_delta_order, u.feats)
+    if transforms is not None:
+        adapt_utterances(utts, transforms, where=str(data_dir))
+    return utts, skipped
+
+
+def model_features(model_or_delta_order: AcousticModel | int, cmn: np.ndarray) -> np.ndarray:
+    """CMN'd MFCCs ``[T, 13]`` -> the model's features, float32: ``add-deltas`` for a Δ model
+    (an int is a delta order), ``splice-feats | transform-feats final.mat`` for an LDA+MLLT
+    one (the same arithmetic whatever reads the features: training, alignment, decoding)."""
+    m = model_or_delta_order
+    if isinstance(m, int | np.integer):
+        return add_deltas(cmn, int(m))
+    if m.lda_mllt is None:
+        return add_deltas(cmn, m.delta_order)
+    return lda_features(cmn, m.splice, m.lda_mllt)
+
+
+def lda_features(cmn: np.ndarray, splice: tuple[int, int], matrix: np.ndarray) -> np.ndarray:
+    """``splice-feats --left-context=L --right-context=R | transform-feats matrix``, float32."""
+    x = splice_frames(torch.from_numpy(np.asarray(cmn, dtype=np.float32)), *splice)
+    return apply_transform(x, torch.from_numpy(matrix)).float().numpy()
+
+
+def adapt_features(feats: np.ndarray, transform: np.ndarray) -> np.ndarray:
+    """``transform-feats`` with one speaker's fMLLR ``[A b]``: ``A x + b`` per frame, float32."""
+    return apply_transform(torch.from_numpy(feats),
+                           torch.from_numpy(np.asarray(transform, dtype=np.float64))
+                           ).float().numpy()
+
+
+def adapt_utterances(utts: list[Utterance], transforms: Mapping[str, np.ndarray],
+                     where: str = "") -> None:
+    """Replace each utterance's features by its speaker's adapted ones (in place); a speaker
+    without a transform is an error naming it."""
+    for u in utts:
+        w = transforms.get(u.speaker)
+        if w is None:
+            raise AsrtrainError(f"{where}: no fMLLR transform for speaker {u.speaker!r} "
+                                f"(utterance {u.utt})")
+        u.feats = adapt_features(u.feats, w)
 
 
 @dataclass
 class AcousticModel:
+    """Tree, GMMs, transitions and the feature pipeline they were trained on: Δ features of
+    ``delta_order``, or, when ``lda_mllt`` is set, frames spliced ``splice = (left, right)``
+    times ``lda_mllt`` (``[dim, D*(L+1+R)]``, or ``+1`` offset column: Kaldi's ``final.mat``,
+    LDA then MLLT composed); ``sat``: trained on speaker-adapted (fMLLR) features."""
+
     tree: Tree
     gmm: DiagGmmSet
     log_trans: dict[int, np.ndarray]    # phone -> [n, n+1] log transition probabilities
     delta_order: int
     var_floor: np.ndarray
+    splice: tuple[int, int] = (0, 0)
+    lda_mllt: np.ndarray | None = None
+    sat: bool = False
 
     @property
     def num_pdfs(self) -> int:
         return self.tree.num_pdfs
 
+    @property
+    def kind(self) -> str:
+        """``deltas``, ``lda_mllt`` or ``sat`` (the pass types of ``align.passes``)."""
+        return "sat" if self.sat else "lda_mllt" if self.lda_mllt is not None else "deltas"
+
+    def state_dict(self) -> dict:
+        d = {"tree": self.tree.state_dict(), "gmm": self.gmm.state_dict(),
+             "log_trans": {p: torch.from_numpy(m) for p, m in self.log_trans.items()},
+             "delta_order": self.delta_order,
+             "var_floor": torch.from_numpy(self.var_floor)}
+        if self.lda_mllt is not None or self.sat:   # a Δ model's file is as it always was
+            d.update(splice=list(self.splice), sat=bool(self.sat),
+                     lda_mllt=None if self.lda_mllt is None else torch.from_numpy(self.lda_mllt))
+        return d
+
     def save(self, out_dir: Path, phone_names: list[str]) -> None:
         with atomic_open(out_dir / "final.mdl", "wb") as f:
-            torch.save({"tree": self.tree.state_dict(), "gmm": self.gmm.state_dict(),
-                        "log_trans": {p: torch.from_numpy(m) for p, m in self.log_trans.items()},
-                        "delta_order": self.delta_order,
-                        "var_floor": torch.from_numpy(self.var_floor)}, f)
+            torch.save(self.state_dict(), f)
         write_text(out_dir / "tree.txt", self.tree.write_text(phone_names))
         write_text(out_dir / "num_pdfs", f"{self.num_pdfs}\n")
 
+    def save_alignment_model(self, out_dir: Path) -> None:
+        """``final.alimdl``: the speaker-independent model of a SAT pass (same tree)."""
+        with atomic_open(out_dir / "final.alimdl", "wb") as f:
+            torch.save(self.state_dict(), f)
+
     @classmethod
-    def load(cls, model_dir: Path) -> AcousticModel:
+    def load(cls, model_dir: Path, alignment_model: bool = False) -> AcousticModel:
+        """``final.mdl``; with ``alignment_model``, ``final.alimdl`` when the dir has one (a SAT
+        pass), else ``final.mdl`` (as Kaldi's align_fmllr.sh and decode_fmllr.sh choose)."""
         path = Path(model_dir) / "final.mdl"
+        if alignment_model and (Path(model_dir) / "final.alimdl").is_file():
+            path = Path(model_dir) / "final.alimdl"
         if not path.is_file():
             raise AsrtrainError(f"{path}: no model; train this pass first")
         d = torch.load(path, weights_only=True)
+        mat = d.get("lda_mllt")
         return cls(Tree.from_state_dict(d["tree"]), DiagGmmSet.from_state_dict(d["gmm"]),
                    {int(p): m.numpy() for p, m in d["log_trans"].items()},
-                   int(d["delta_order"]), d["var_floor"].numpy())
+                   int(d["delta_order"]), d["var_floor"].numpy(),
+                   tuple(int(v) for v in d.get("splice", (0, 0))),
+                   None if mat is None else mat.numpy(), bool(d.get("sat", False)))
 
 
 def initial_log_trans(lang: Lang) -> dict[int, np.ndarray]:
@@ -407,3 +500,46 @@ def read_int_table(scp: Path) -> dict[str, np.ndarray]:
     if not scp.is_file():
         raise AsrtrainError(f"{scp}: missing")
     return {k: np.asarray(v) for k, v in kaldiio.load_scp(str(scp)).items()}
+
+
+def write_transforms(out_dir: Path, transforms: Mapping[str, np.ndarray]) -> None:
+    """``trans.ark``/``trans.scp``: one float32 ``[dim, dim+1]`` fMLLR matrix per speaker, as
+    Kaldi's ``trans.*`` (``copy-matrix`` reads them), written atomically."""
+    ark = (Path(out_dir) / "trans.ark").resolve()   # the scp is read from other directories
+    with atomic_ark(ark, Path(out_dir) / "trans.scp") as w:
+        for spk in sorted(transforms):
+            w(spk, np.asarray(transforms[spk], dtype=np.float32))
+
+
+def read_transforms(path: Path, dim: int | None = None) -> dict[str, np.ndarray]:
+    """Speaker -> ``[dim, dim+1]`` fMLLR matrix from ``trans.scp``, ``trans.ark`` (or a dir
+    holding ``trans.scp``), Kaldi's or ours; every problem names the file and the speaker."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "trans.scp"
+    if not path.is_file():
+        raise AsrtrainError(f"{path}: missing (no fMLLR transforms)")
+    try:
+        table = (dict(kaldiio.load_scp(str(path))) if path.suffix == ".scp"
+                 else dict(kaldiio.load_ark(str(path))))
+        out = {spk: np.asarray(table[spk], dtype=np.float64) for spk in table}
+    except AsrtrainError:
+        raise
+    except Exception as e:
+        raise AsrtrainError(f"{path}: cannot read fMLLR transforms: {e}") from e
+    for spk, m in out.items():
+        _check_transform(path, spk, m, dim)
+    if not out:
+        raise AsrtrainError(f"{path}: no fMLLR transform in it")
+    return out
+
+
+def _check_transform(path: Path, spk: str, m: np.ndarray, dim: int | None) -> None:
+    if m.ndim != 2 or m.shape[1] != m.shape[0] + 1 or (dim is not None and m.shape[0] != dim):
+        want = f"[{dim}, {dim + 1}]" if dim is not None else "[dim, dim+1]"
+        raise AsrtrainError(f"{path}: speaker {spk}: fMLLR transform of shape {m.shape}, "
+                            f"expected {want}")
+    if not np.isfinite(m).all():
+        raise AsrtrainError(f"{path}: speaker {spk}: fMLLR transform has non-finite values")
+    if abs(np.linalg.det(m[:, :-1])) == 0.0:
+        raise AsrtrainError(f"{path}: speaker {spk}: fMLLR transform is singular")

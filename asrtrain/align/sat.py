@@ -1,0 +1,329 @@
+"""Speaker-adaptive training with fMLLR (tri4): Kaldi's ``steps/train_sat.sh`` and
+``steps/align_fmllr.sh``, and the per-speaker transform estimation both (and the two-pass fMLLR
+decode) use.
+
+``train_sat`` starts from the previous pass (LDA+MLLT or Δ features, its ``final.mat`` kept):
+initial transforms are the alignment dir's ``trans.*`` when it has them (an ``align_fmllr``
+dir), else estimated with the previous model from its alignment; the tree is built on the
+adapted features; the transforms are re-estimated at ``fmllr_iters`` on the current adapted
+features and composed with the old ones.  At the end ``final.alimdl``, the speaker-independent
+model of the first decoding pass, is one ML update of the final model from statistics of the
+unadapted features with the posteriors of the adapted ones (``gmm-acc-stats-twofeats`` +
+``gmm-est``).  ``align_fmllr`` aligns with that model on unadapted features, estimates the
+transforms, and realigns with ``final.mdl`` on adapted features.
+
+Silence frames get weight ``silence_weight`` (0: left out, Kaldi's ``weight-silence-post 0.0``);
+a silence frame is one on a pdf of a silence phone's tree (every base phone has a root of its
+own), so a best path of pdf ids is enough to estimate from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.adapt.fmllr import FmllrStats, compose_affine, estimate_fmllr
+from asrtrain.adapt.posteriors import FrameGaussians, component_posteriors
+from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.model import (
+    AcousticModel,
+    GraphCache,
+    Utterance,
+    adapt_features,
+    adapt_utterances,
+    align,
+    check_failures,
+    frame_contexts,
+    model_features,
+    pdfs_of,
+    read_int_table,
+    read_transforms,
+    read_utterances,
+)
+from asrtrain.align.train import (
+    TRI_DEFAULTS,
+    GmmConfig,
+    _aligned_utterances,
+    _global_stats,
+    _PassLog,
+    _train_iters,
+    _tree_model,
+    _write,
+)
+from asrtrain.align.tree import Tree
+from asrtrain.lang.lexicon import Lang
+
+_FMLLR_DEFAULTS = GmmConfig()
+
+
+def silence_pdfs(tree: Tree, lang: Lang) -> np.ndarray:
+    """The pdf ids on the trees of the silence phones (sorted)."""
+    roots = {tree.roots[tree.root_of[p]] for p in lang.phones.real_phone_ids
+             if lang.phones.is_silence(p) and p in tree.root_of}
+    out, stack = set(), list(roots)
+    while stack:
+        node = tree.nodes[stack.pop()]
+        if node[0] == "leaf":
+            out.add(int(node[1]))
+        else:
+            stack.extend([node[3], node[4]])
+    return np.array(sorted(out), dtype=np.int64)
+
+
+def estimate_transforms(model: AcousticModel, utts: list[Utterance],
+                        pdf_alignments: Mapping[str, np.ndarray], silence: np.ndarray,
+                        cfg: Mapping | GmmConfig | None = None,
+                        posterior_model: AcousticModel | None = None,
+                        report: dict | None = None) -> dict[str, np.ndarray]:
+    """Each speaker's fMLLR ``[dim, dim+1]`` (float32) for ``utts`` as they are (``u.feats``:
+    the features the transform applies to) from per-frame pdf ids (an alignment or a best
+    path): ``gmm-est-fmllr`` with ``model``'s Gaussians, their posteriors from
+    ``posterior_model`` when given (``gmm-post-to-gpost $alimdl | gmm-est-fmllr-gpost $mdl``,
+    align_fmllr.sh), frames of ``silence`` pdfs weighted ``silence_weight``.  Speakers under
+    ``fmllr_min_count`` frames keep the identity (logged).  Options (``cfg``, as
+    :class:`GmmConfig`): ``silence_weight``, ``fmllr_min_count``, ``fmllr_num_iters``,
+    ``device``, ``max_batch_mb``.  ``report`` gets the figures: speakers, identity, frames,
+    objective improvement per frame."""
+    opt = _options(cfg)
+    device = torch.device(opt["device"])
+    post_model = posterior_model or model
+    if post_model.gmm.means.shape != model.gmm.means.shape:
+        raise AsrtrainError(f"fMLLR: the posterior model's GMMs {tuple(post_model.gmm.means.shape)}"
+                            f" do not match the model's {tuple(model.gmm.means.shape)}")
+    gmm, post_gmm = model.gmm.to(device), post_model.gmm.to(device)
+    sil = np.zeros(model.num_pdfs, dtype=bool)
+    sil[np.asarray(silence, dtype=np.int64)] = True
+    by_spk: dict[str, list[Utterance]] = {}
+    for u in utts:
+        by_spk.setdefault(u.speaker, []).append(u)
+    speakers = sorted(by_spk)
+    dim = gmm.dim
+    per_spk = 3 * dim * (dim + 1) ** 2 * 8            # G, its inverse, work: float64
+    group = max(1, int(opt["max_batch_mb"] * 2 ** 20 // per_spk))
+    out: dict[str, np.ndarray] = {}
+    tot = {"speakers": len(speakers), "identity": 0, "frames": 0.0, "gain": 0.0}
+    for i in range(0, len(speakers), group):
+        names = speakers[i:i + group]
+        stats = FmllrStats.zeros(len(names), dim, device)
+        for j, spk in enumerate(names):
+            for u in by_spk[spk]:
+                _accumulate_fmllr(stats, j, u, pdf_alignments, sil, gmm, post_gmm,
+                                  opt["silence_weight"], device)
+        res = estimate_fmllr(stats, int(opt["fmllr_num_iters"]), float(opt["fmllr_min_count"]),
+                             names)
+        for j, spk in enumerate(names):
+            out[spk] = res.transforms[j].float().cpu().numpy()
+        tot["identity"] += len(res.fallback)
+        tot["frames"] += float(stats.beta.sum())
+        tot["gain"] += float((res.improvement * stats.beta).sum())
+    if report is not None:
+        adapted = max(tot["frames"], 1e-10)
+        report.update(speakers=tot["speakers"], identity=tot["identity"],
+                      frames=round(tot["frames"], 1),
+                      objf_improvement_per_frame=tot["gain"] / adapted)
+    return out
+
+
+def _options(cfg: Mapping | GmmConfig | None) -> dict:
+    """The fMLLR options from a config (a GmmConfig, or any mapping: others keys ignored)."""
+    d = asdict(cfg) if isinstance(cfg, GmmConfig) else dict(cfg or {})
+    keys = ("silence_weight", "fmllr_min_count", "fmllr_num_iters", "device", "max_batch_mb")
+    return {k: d.get(k, getattr(_FMLLR_DEFAULTS, k)) for k in keys}
+
+
+def _accumulate_fmllr(stats: FmllrStats, spk: int, u: Utterance,
+                      pdf_alignments: Mapping[str, np.ndarray], silence: np.ndarray,
+                      gmm: DiagGmmSet, post_gmm: DiagGmmSet, silence_weight: float,
+                      device: torch.device) -> None:
+    """Add one utterance's non-silence (or weighted) frames to speaker ``spk``'s statistics."""
+    pdf = pdf_alignments.get(u.utt)
+    if pdf is None:
+        return
+    pdf = np.asarray(pdf, dtype=np.int64)
+    if len(pdf) != len(u.feats):
+        raise AsrtrainError(f"fMLLR: utterance {u.utt} has {len(pdf)} aligned frames, its "
+                            f"features {len(u.feats)}")
+    w = np.where(silence[pdf], silence_weight, 1.0)
+    keep = w > 0
+    if not keep.any():
+        return
+    x = torch.from_numpy(u.feats[keep]).to(device)
+    p = torch.from_numpy(pdf[keep]).to(device)
+    g = component_posteriors(post_gmm, x, p, torch.from_numpy(w[keep]).to(device))
+    if post_gmm is not gmm:
+        g = FrameGaussians(g.post, gmm.means[p], gmm.vars[p])
+    stats.accumulate(x, g, spk)
+
+
+def compose_transforms(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
+                       ) -> dict[str, np.ndarray]:
+    """``compose-transforms --b-is-affine=true new old``: apply ``old`` then ``new``."""
+    out = {}
+    for spk, w in new.items():
+        a = torch.from_numpy(np.asarray(w, dtype=np.float64))
+        b = torch.from_numpy(np.asarray(old[spk], dtype=np.float64))
+        out[spk] = compose_affine(a, b).float().numpy()
+    return out
+
+
+def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
+              cfg: Mapping | None = None) -> dict:
+    """SAT triphones on fMLLR-adapted features (tri4, see the module docstring); writes what
+    ``train_tri`` writes plus ``trans.{ark,scp}`` (the training speakers) and
+    ``final.alimdl``.  Returns the summary."""
+    c = GmmConfig.from_config(cfg, **TRI_DEFAULTS, type="sat")
+    lang = Lang.read(lang_dir)
+    ali_dir, out_dir = Path(ali_dir), Path(out_dir)
+    prev_model = AcousticModel.load(ali_dir)
+    utts, skipped = read_utterances(data_dir, lang)
+    for u in utts:
+        u.feats = model_features(prev_model, u.feats)
+    plog = _PassLog(out_dir, out_dir.name)
+    utts, prev = _aligned_utterances(utts, skipped, ali_dir, plog, c)
+    si = {u.utt: u.feats for u in utts}
+    transforms = _initial_transforms(prev_model, utts, ali_dir, lang, c, plog)
+    adapt_utterances(utts, transforms, where=str(data_dir))
+    model, tsum = _tree_model(utts, prev, lang, ali_dir, c, plog)
+    model.delta_order, model.splice = prev_model.delta_order, prev_model.splice
+    model.lda_mllt, model.sat = prev_model.lda_mllt, True
+    update = _FmllrUpdate(utts, si, transforms, silence_pdfs(model.tree, lang), c, plog)
+    res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
+                       c, c.num_gauss, plog, GraphCache(c.graph_cache_mb), update)
+    t0 = time.time()
+    alimdl = alignment_model(model, utts, si, res.phone_state, c)
+    plog(f"final.alimdl (speaker-independent) estimated in {time.time() - t0:.1f} s")
+    summary = {"kind": "sat", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
+               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+               "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum,
+               "speakers": len(update.transforms),
+               "fmllr_objf_improvement": update.improvements}
+    _write(out_dir, model, lang, res, plog, summary, update.transforms, alimdl)
+    return summary
+
+
+def _initial_transforms(prev_model: AcousticModel, utts: list[Utterance], ali_dir: Path,
+                        lang: Lang, c: GmmConfig, plog: _PassLog) -> dict[str, np.ndarray]:
+    """train_sat.sh's start: ``ali_dir``'s ``trans.*`` when it has them, else transforms
+    estimated with its model from its pdf alignment."""
+    t0 = time.time()
+    if (ali_dir / "trans.scp").is_file():
+        found = read_transforms(ali_dir / "trans.scp", prev_model.gmm.dim)
+        missing = sorted({u.speaker for u in utts} - set(found))
+        if missing:
+            raise AsrtrainError(f"{ali_dir / 'trans.scp'}: no transform for speaker "
+                                f"{missing[0]} ({len(missing)} speakers missing)")
+        plog(f"initial fMLLR transforms: {len(found)} from {ali_dir / 'trans.scp'}")
+        return {k: v.astype(np.float32) for k, v in found.items()}
+    rep: dict = {}
+    out = estimate_transforms(prev_model, utts, read_int_table(ali_dir / "ali.scp"),
+                              silence_pdfs(prev_model.tree, lang), c, report=rep)
+    plog(f"initial fMLLR transforms from {ali_dir.name}'s model and alignment: {rep} in "
+         f"{time.time() - t0:.1f} s")
+    return out
+
+
+class _FmllrUpdate:
+    """The SAT pass's iteration hook: at ``fmllr_iters``, transforms estimated on the current
+    adapted features with the current model and alignment, composed with the old ones, and the
+    features re-adapted from the unadapted ones."""
+
+    def __init__(self, utts: list[Utterance], si: Mapping[str, np.ndarray],
+                 transforms: dict[str, np.ndarray], silence: np.ndarray, c: GmmConfig,
+                 plog: _PassLog) -> None:
+        self.utts, self.si, self.transforms = utts, si, transforms
+        self.silence, self.c, self.plog = silence, c, plog
+        self.improvements: list[float] = []
+
+    def __call__(self, it: int, model: AcousticModel, phone_state: dict[str, np.ndarray]
+                 ) -> dict | None:
+        if it not in self.c.fmllr_iters:
+            return None
+        t0 = time.time()
+        pdfs = {u.utt: pdfs_of(model.tree, frame_contexts(phone_state[u.utt]))
+                for u in self.utts if u.utt in phone_state}
+        rep: dict = {}
+        new = estimate_transforms(model, self.utts, pdfs, self.silence, self.c, report=rep)
+        self.transforms.update(compose_transforms(new, self.transforms))
+        for u in self.utts:
+            u.feats = adapt_features(self.si[u.utt], self.transforms[u.speaker])
+        gain = rep["objf_improvement_per_frame"]
+        self.improvements.append(gain)
+        self.plog(f"iter {it}: fMLLR objective +{gain:.4f} per frame, {rep['speakers']} "
+                  f"speakers ({rep['identity']} identity), in {time.time() - t0:.1f} s")
+        return {"fmllr_objf_improvement": gain, "fmllr_seconds": round(time.time() - t0, 3)}
+
+
+def alignment_model(model: AcousticModel, utts: list[Utterance], si: Mapping[str, np.ndarray],
+                    phone_state: Mapping[str, np.ndarray], c: GmmConfig) -> AcousticModel:
+    """``final.alimdl``: ``gmm-acc-stats-twofeats`` (component posteriors of ``model`` on the
+    adapted features ``u.feats``, statistics of the unadapted ones ``si``) and one ``gmm-est``
+    from the final model (low-count Gaussians kept), same tree and transitions."""
+    device = torch.device(c.device)
+    gmm = model.gmm.to(device)
+    stats = gmm.zero_stats()
+    for u in utts:
+        ps = phone_state.get(u.utt)
+        if ps is None:
+            continue
+        pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))).to(device)
+        post = component_posteriors(gmm, torch.from_numpy(u.feats).to(device), pdf).post
+        x = torch.from_numpy(si[u.utt]).to(device).double()
+        stats.occ.index_add_(0, pdf, post)
+        stats.sx.index_add_(0, pdf, post[:, :, None] * x[:, None, :])
+        stats.sxx.index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
+    var_floor = c.var_floor_factor * _global_stats(
+        [Utterance(u.utt, [], si[u.utt]) for u in utts])[1]
+    si_gmm = DiagGmmSet(gmm.means.clone(), gmm.vars.clone(), gmm.log_weights.clone())
+    si_gmm.update(stats, torch.from_numpy(var_floor).to(device), c.min_gaussian_occupancy)
+    return AcousticModel(model.tree, si_gmm.to("cpu"), model.log_trans, model.delta_order,
+                         var_floor, model.splice, model.lda_mllt, sat=False)
+
+
+def align_fmllr(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
+                cfg: Mapping | None = None) -> dict:
+    """Align a data dir with fMLLR (Kaldi's ``steps/align_fmllr.sh``): first pass with the
+    alignment model (``final.alimdl``, else ``final.mdl``) on unadapted features, transforms
+    estimated from it, second pass with ``final.mdl`` on adapted features.  ``out_dir`` gets the
+    model(s), ``ali*.{ark,scp}``, ``trans.{ark,scp}``, ``log.txt``, ``passes.json``."""
+    c = GmmConfig.from_config(cfg)
+    lang = Lang.read(lang_dir)
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    model = AcousticModel.load(model_dir)
+    alimdl = AcousticModel.load(model_dir, alignment_model=True)
+    utts, skipped = read_utterances(data_dir, lang)
+    for u in utts:
+        u.feats = model_features(model, u.feats)
+    plog = _PassLog(out_dir, f"align_fmllr {model_dir.name}")
+    for utt, why in sorted(skipped.items()):
+        plog(f"skipped {utt}: {why}")
+    graphs, acfg = GraphCache(c.graph_cache_mb), asdict(c)
+    first = align(alimdl, lang, utts, acfg, graphs, desc=f"align {Path(data_dir).name} (SI)")
+    check_failures(first, len(utts), c.max_fail_fraction, f"aligning {data_dir} (first pass)")
+    plog.record(0, first, first.loglike_per_frame, first.frames, first.seconds,
+                alimdl.gmm.num_gauss(), {"features": "speaker-independent"})
+    t0, rep = time.time(), {}
+    transforms = estimate_transforms(model, utts, first.pdf, silence_pdfs(model.tree, lang), c,
+                                     posterior_model=alimdl, report=rep)
+    seconds = time.time() - t0
+    plog(f"fMLLR transforms: {rep} in {seconds:.1f} s")
+    adapt_utterances(utts, transforms, where=str(data_dir))
+    res = align(model, lang, utts, acfg, graphs, desc=f"align {Path(data_dir).name} (fMLLR)")
+    check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
+    for utt, why in sorted(res.failed.items()):
+        plog(f"failed {utt}: {why}")
+    plog.record(1, res, res.loglike_per_frame, res.frames, res.seconds, model.gmm.num_gauss(),
+                {"features": "fmllr", "fmllr_seconds": round(seconds, 3),
+                 "fmllr_objf_improvement": rep["objf_improvement_per_frame"]})
+    summary = {"kind": "align_fmllr", "model": str(model_dir), "num_pdfs": model.num_pdfs,
+               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+               "si_loglike_per_frame": first.loglike_per_frame,
+               "final_loglike_per_frame": res.loglike_per_frame, "fmllr": rep}
+    has_alimdl = (model_dir / "final.alimdl").is_file()
+    _write(out_dir, model, lang, res, plog, summary, transforms, alimdl if has_alimdl else None)
+    return summary
