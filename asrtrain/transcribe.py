@@ -97,7 +97,26 @@ def find_system(exp: Path, kind: str | None, lmwt: int | None = None,
     if kind == "ctc":
         decode = (_record(paths, "decode") or {}).get("config", {}).get("decode", {})
         return replace(system, decode={"batch_frames": int(decode.get("batch_frames", 20000))})
+    check_hybrid_input(system.model)
     return replace(system, decode=_hybrid_settings(system, lmwt, wip))
+
+
+def check_hybrid_input(model: Path) -> None:
+    """Refuse a hybrid model whose input appends fMLLR features or i-vectors (IBM's 260-dim
+    input), before any audio is read: transcribe makes the fbank features of new audio, and
+    those streams need the SAT system's two-pass decode and the i-vector extractor run on it,
+    which it does not do."""
+    from asrtrain.features.reader import appended_streams
+    from asrtrain.models.checkpoint import ModelCheckpoint
+
+    ckpt = ModelCheckpoint.load(model, head="ce")
+    append = appended_streams(ckpt.features, f"{model}: features")
+    if append:
+        raise AsrtrainError(f"{model}: the model's input appends {', '.join(append)} "
+                            f"({ckpt.input_dim} dims), which transcribe cannot compute for new "
+                            "audio; decode a data dir through the recipe (decode_hybrid), or "
+                            "use a model trained on fbank alone (features@hybrid.features="
+                            "fbank40_deltas) or --kind ctc")
 
 
 def _hybrid_settings(system: System, lmwt: int | None, wip: float | None) -> dict:
@@ -336,8 +355,13 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
 
     from asrtrain.decode import HybridDecodeConfig, write_words
     from asrtrain.decode.graph import load_graph
-    from asrtrain.decode.hybrid import decode_sweep, model_for_graph, pseudo_loglikes
-    from asrtrain.features.reader import FeatureReader
+    from asrtrain.decode.hybrid import (
+        decode_sweep,
+        feature_reader,
+        model_for_graph,
+        model_streams,
+        pseudo_loglikes,
+    )
     from asrtrain.models.checkpoint import ModelCheckpoint
 
     c = HybridDecodeConfig.from_config(system.decode)
@@ -346,7 +370,7 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
     graph = load_graph(graph_dir)
     graph.info["lang_dir"] = str(system.paths.lang)    # this exp's, wherever it was built
     model, device = model_for_graph(ckpt, system.model, graph, graph_dir, c)
-    reader = FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars, input_dim=ckpt.input_dim)
+    reader = feature_reader(data_dir, ckpt, model_streams(ckpt, system.model, None))
     utts = tqdm(reader, total=len(reader.utts), desc="decoding", unit="utt",
                 disable=len(reader.utts) < 5)
     loglikes = pseudo_loglikes(model, iter(utts), ckpt.log_priors, ckpt.chunk or 21,

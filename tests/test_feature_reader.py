@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from asrtrain import AsrtrainError
 from asrtrain.align.model import load_data
 from asrtrain.data.datadir import DataDir
-from asrtrain.decode.hybrid import _feature_reader
+from asrtrain.decode.hybrid import feature_reader
 from asrtrain.features import FeatureOptions, add_deltas, apply_cmvn, compute_features
 from asrtrain.features.reader import FeatureReader, chunk_starts, length_batches
 from asrtrain.models import BLSTM, ModelCheckpoint, build_model, load_model
@@ -67,7 +67,7 @@ def test_every_path_reads_the_same_arrays(mfcc: Path, tmp_path: Path, delta_orde
     got["ChunkSet"] = {u: cs.load(u)[0] for u in want}
     ckpt = ModelCheckpoint({}, SMALL, dim, 3, {"delta_order": delta_order,
                                                "norm_vars": norm_vars})
-    got["decode_hybrid"] = dict(_feature_reader(mfcc, ckpt))
+    got["decode_hybrid"] = dict(feature_reader(mfcc, ckpt))
     if not norm_vars:  # the GMM aligner normalises means only
 
         class Lexicon:
@@ -108,8 +108,8 @@ def test_reader_errors_name_the_file_and_utterance(mfcc: Path, tmp_path: Path) -
     assert FeatureReader(data).transform.cmvn == {}  # CMVN is optional unless required
     shutil.copy(mfcc / "cmvn.scp", data / "cmvn.scp")
     with pytest.raises(AsrtrainError, match=f"{data / 'feats.scp'}: utterance spk0-utt0 has "
-                                            "39-dim features after the transform, the model "
-                                            "takes 40"):
+                                            r"39-dim input \(feats.scp 13 \+ Δ/ΔΔ = 39\), the "
+                                            "model takes 40"):
         next(iter(FeatureReader(data, 2, input_dim=40)))
     # statistics of another feature type (14 dims) for speaker spk1
     stats = kaldiio.load_mat(DataDir.read(data).cmvn["spk1"])

@@ -52,7 +52,7 @@ from asrtrain.decode import (
 )
 from asrtrain.decode.ctc import TimedWord
 from asrtrain.decode.graph import Graph, faster_decoder, load_graph
-from asrtrain.features.reader import FeatureReader, chunk_starts
+from asrtrain.features.reader import FeatureReader, appended_streams, chunk_starts
 from asrtrain.lang.phones import PhoneSet
 from asrtrain.models.checkpoint import ModelCheckpoint
 
@@ -77,7 +77,8 @@ def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: P
 
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
                   cfg: Mapping | HybridDecodeConfig | None = None, nj: int = 1,
-                  audio_per_job: float = AUDIO_PER_JOB_S) -> dict:
+                  audio_per_job: float = AUDIO_PER_JOB_S,
+                  streams: Mapping[str, Path] | None = None) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
 
     ``cfg``: ``HybridDecodeConfig``'s keys, with their defaults (asrtrain/decode/__init__.py):
@@ -89,6 +90,8 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     process decoding a contiguous share of the utterances (the results are those of one job;
     the number of jobs only says how the work is spread, so it is no decoding setting), and no
     more jobs than one per ``audio_per_job`` seconds of audio (a job takes seconds to start).
+    ``streams``: {stream: directory} of the per-frame streams the model's input appends
+    (its checkpoint's ``features.append``; ``features.reader.stream_dirs`` of the set).
     Returns the summary written to ``decode.json``: the chosen ``lmwt``/``wip``, ``wer`` per
     subset, every setting's WER under ``sweep``, and the real-time factors (network, search,
     both, per core: CPU seconds per second of audio; and of the wall time; feature reading and
@@ -99,16 +102,18 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     graph = load_graph(graph_dir)
     ckpt = ModelCheckpoint.load(model_path, head="ce")
     model, device = model_for_graph(ckpt, model_path, graph, graph_dir, c)
-    reader = _feature_reader(data_dir, ckpt)
+    streams = model_streams(ckpt, model_path, streams)
+    reader = feature_reader(data_dir, ckpt, streams)
     audio = sum(reader.num_frames.values()) * ckpt.frame_shift if reader.data.utt2num_frames \
         else float("inf")
     shares = job_shares(reader.utts, nj, audio, audio_per_job)
     t0 = time.time()
     if len(shares) == 1:
         hyps, stats = _decode_share((model_path, graph, graph_dir, data_dir, c, shares[0],
-                                     (ckpt, model, device)))
+                                     (ckpt, model, device), streams))
     else:
-        jobs = [(model_path, graph_dir, graph_dir, data_dir, c, share, None) for share in shares]
+        jobs = [(model_path, graph_dir, graph_dir, data_dir, c, share, None, streams)
+                for share in shares]
         with mp.get_context("spawn").Pool(len(jobs)) as pool:
             results = list(tqdm(pool.imap(_decode_share, jobs), total=len(jobs),
                                 desc=f"decode {data_dir.name} ({len(jobs)} jobs)", unit="job",
@@ -126,7 +131,7 @@ def _decode_share(args: tuple) -> tuple[dict, dict]:
     """One job: the network and the search over a share of the utterances (in this process with
     the model ``loaded``, or in a spawned one that loads the model and the graph itself);
     (timed words per setting, stats) with the CPU seconds of its decoding."""
-    model_path, graph, graph_dir, data_dir, c, utts, loaded = args
+    model_path, graph, graph_dir, data_dir, c, utts, loaded, streams = args
     here = loaded is not None
     if not here and c.threads == 0:
         torch.set_num_threads(1)   # nj jobs, one core each
@@ -136,7 +141,7 @@ def _decode_share(args: tuple) -> tuple[dict, dict]:
         ckpt = ModelCheckpoint.load(model_path, head="ce")
         loaded = (ckpt, *model_for_graph(ckpt, model_path, graph, graph_dir, c))
     ckpt, model, device = loaded
-    reader = _feature_reader(data_dir, ckpt)
+    reader = feature_reader(data_dir, ckpt, streams)
     cpu0 = time.process_time()
     loglikes = pseudo_loglikes(model, ((u, reader[u]) for u in utts), ckpt.log_priors,
                                ckpt.chunk or 21, c.prior_scale, c.acoustic_scale,
@@ -193,12 +198,28 @@ def decode_loglikes(loglikes: Iterator[tuple[str, np.ndarray, float]], graph: Gr
 
 
 # ---------------------------------------------------------------------------- acoustic model
-def _feature_reader(data_dir: Path, ckpt: ModelCheckpoint) -> FeatureReader:
-    """The data dir's features read as the model was trained (its checkpoint's features
-    config): (utterance, transformed features) in the data dir's order; errors name feats.scp or
-    cmvn.scp."""
+def model_streams(ckpt: ModelCheckpoint, model_path: Path,
+                  streams: Mapping[str, Path] | None) -> dict[str, Path]:
+    """``streams`` checked against the streams the model's input appends (its checkpoint's
+    ``features.append``): the same input in decoding as in training."""
+    append = appended_streams(ckpt.features, f"{model_path}: features")
+    streams = {str(k): Path(v) for k, v in (streams or {}).items()}
+    if sorted(streams) != sorted(append):
+        raise AsrtrainError(f"{model_path}: the model's input appends {append or 'nothing'} "
+                            f"(its features: delta_order={ckpt.delta_order} append={append}), "
+                            f"but the streams given are {sorted(streams) or 'none'}; give the "
+                            "set's directories of those streams (features.reader.stream_dirs)")
+    return streams
+
+
+def feature_reader(data_dir: Path, ckpt: ModelCheckpoint,
+                   streams: Mapping[str, Path] | None = None) -> FeatureReader:
+    """The data dir's input composed as the model was trained (its checkpoint's features
+    config, ``streams``: :func:`model_streams`): (utterance, features) in the data dir's order;
+    errors name feats.scp, cmvn.scp or the stream's table."""
     return FeatureReader(data_dir, ckpt.delta_order, ckpt.norm_vars, input_dim=ckpt.input_dim,
-                         hint="run the features stage (fbank as the model was trained on)")
+                         hint="run the features stage (fbank as the model was trained on)",
+                         streams=streams)
 
 
 @torch.no_grad()

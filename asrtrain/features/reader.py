@@ -1,4 +1,5 @@
-"""The one reader of stored features: ``feats.scp`` → per-speaker CMVN (``cmvn.scp``) → Δ/ΔΔ.
+"""The one reader of stored features: ``feats.scp`` → per-speaker CMVN (``cmvn.scp``) → Δ/ΔΔ
+→ the appended per-frame streams (``features.append``: fMLLR features, online i-vectors).
 
 Training (``train/data.py``, ``train/chunks.py``), the GMM aligner (``align/model.py``) and both
 decoders (``decode/ctc.py``, ``decode/hybrid.py``) read their inputs through
@@ -10,8 +11,9 @@ decoders (``decode/ctc.py``, ``decode/hybrid.py``) read their inputs through
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import kaldiio
@@ -19,8 +21,187 @@ import numpy as np
 import torch
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir
+from asrtrain.data.datadir import DataDir, read_table
 from asrtrain.features.transform import FeatureTransform
+
+#: The per-frame streams ``features.append`` may list, in the order they are appended.
+APPEND_STREAMS = ("fmllr", "ivector")
+#: What makes each stream, for the error when its directory is missing.
+STREAM_HINTS = {
+    "fmllr": "the align stage writes it when the last GMM pass is SAT (type: sat), or import "
+             "Kaldi's with align.kaldi_fmllr",
+    "ivector": "run the ivectors stage (ivector.source=kaldi imports Kaldi's)",
+}
+
+
+def appended_streams(features: Mapping, where: str = "features") -> list[str]:
+    """The streams a features config appends (``append``, absent: none), checked: known names,
+    each once, in :data:`APPEND_STREAMS` order (the order of the composed dims)."""
+    value = features.get("append") or []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise AsrtrainError(f"{where}.append={value!r}: expected a list of "
+                            f"{', '.join(APPEND_STREAMS)}")
+    names = [str(v) for v in value]
+    bad = [v for v in names if v not in APPEND_STREAMS]
+    if bad or len(set(names)) != len(names):
+        raise AsrtrainError(f"{where}.append={names}: expected each of "
+                            f"{', '.join(APPEND_STREAMS)} at most once")
+    order = [s for s in APPEND_STREAMS if s in names]
+    if names != order:
+        raise AsrtrainError(f"{where}.append={names}: list them in the order they are appended, "
+                            f"{order}")
+    return names
+
+
+def stream_dirs(paths, name: str, append: Sequence[str]) -> dict[str, Path]:
+    """Where set ``name``'s appended streams are (``paths``: an ``asrtrain.recipe.Paths``)."""
+    where = {"fmllr": paths.fmllr_set, "ivector": paths.ivector_set}
+    return {s: Path(where[s](name)) for s in append}
+
+
+class FmllrFrames:
+    """The fMLLR features of a set: ``feats.scp`` of its ``_fmllr`` data dir, one matrix per
+    utterance with the frames of the set's fbank features (no CMVN: speaker-adapted already)."""
+
+    name = "fmllr"
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.dir = Path(data_dir)
+        self.scp = self.dir / "feats.scp"
+        if not self.scp.is_file():
+            raise AsrtrainError(f"{self.scp}: missing (the fMLLR features the input appends); "
+                                f"{STREAM_HINTS['fmllr']}")
+        self.table = read_table(self.scp)
+        self._dim: int | None = None
+
+    def check_utts(self, utts: Sequence[str]) -> None:
+        missing = [u for u in utts if u not in self.table]
+        if missing:
+            raise AsrtrainError(f"{self.scp}: no fMLLR features for {len(missing)} utterances, "
+                                f"e.g. {missing[0]}; {STREAM_HINTS['fmllr']}")
+
+    def dim(self, utt: str) -> int:
+        if self._dim is None:
+            self._dim = int(self._load(utt).shape[1])
+        return self._dim
+
+    def _load(self, utt: str) -> np.ndarray:
+        if utt not in self.table:
+            raise AsrtrainError(f"{self.scp}: no fMLLR features for utterance {utt}")
+        try:
+            m = np.asarray(kaldiio.load_mat(self.table[utt]))
+        except Exception as e:
+            raise AsrtrainError(f"{self.scp}: utterance {utt}: cannot read "
+                                f"{self.table[utt]}: {e}") from e
+        if m.ndim != 2:
+            raise AsrtrainError(f"{self.scp}: utterance {utt}: a {m.ndim}-dim array, expected "
+                                "a matrix [frames, dim]")
+        if not np.isfinite(m).all():
+            raise AsrtrainError(f"{self.scp}: utterance {utt} has NaN or infinite fMLLR "
+                                "features")
+        return m
+
+    def frames(self, utt: str, num_frames: int, against: Path) -> np.ndarray:
+        """``utt``'s fMLLR features [num_frames, dim] float32; ``against``: the fbank
+        ``feats.scp`` whose ``num_frames`` frames they must have."""
+        m = self._load(utt)
+        if m.shape[0] != num_frames:
+            raise AsrtrainError(f"{self.scp}: utterance {utt} has {m.shape[0]} frames of fMLLR "
+                                f"features, {against} has {num_frames}; rewrite the fMLLR "
+                                "features from these features (rerun align)")
+        if self._dim is not None and m.shape[1] != self._dim:
+            raise AsrtrainError(f"{self.scp}: utterance {utt} has {m.shape[1]}-dim fMLLR "
+                                f"features, the others {self._dim}")
+        return m.astype(np.float32, copy=False)
+
+
+class OnlineIvectors:
+    """Online i-vectors of a set (Kaldi's ``extract_ivectors_online.sh``): one matrix per
+    utterance in ``ivector_online.scp``, a row every ``ivector_period`` frames; frame ``t``
+    takes row ``t // period`` (nnet3's rule), so an utterance of ``T`` frames needs
+    ``ceil(T / period)`` rows."""
+
+    name = "ivector"
+
+    def __init__(self, ivector_dir: str | Path) -> None:
+        self.dir = Path(ivector_dir)
+        self.scp = self.dir / "ivector_online.scp"
+        period = self.dir / "ivector_period"
+        for p in (self.scp, period):
+            if not p.is_file():
+                raise AsrtrainError(f"{p}: missing (the i-vectors the input appends); "
+                                    f"{STREAM_HINTS['ivector']}")
+        try:
+            self.period = int(period.read_text().split()[0])
+        except (ValueError, IndexError):
+            self.period = 0
+        if self.period < 1:
+            raise AsrtrainError(f"{period}: expected a positive number of frames, got "
+                                f"{period.read_text().strip()!r}")
+        self.table = read_table(self.scp)
+        self._dim: int | None = None
+
+    def check_utts(self, utts: Sequence[str]) -> None:
+        missing = [u for u in utts if u not in self.table]
+        if missing:
+            raise AsrtrainError(f"{self.scp}: no i-vectors for {len(missing)} utterances, e.g. "
+                                f"{missing[0]}; {STREAM_HINTS['ivector']}")
+
+    def dim(self, utt: str) -> int:
+        if self._dim is None:
+            self._dim = int(self._load(utt).shape[1])
+        return self._dim
+
+    def _load(self, utt: str) -> np.ndarray:
+        if utt not in self.table:
+            raise AsrtrainError(f"{self.scp}: no i-vectors for utterance {utt}")
+        try:
+            m = np.asarray(kaldiio.load_mat(self.table[utt]))
+        except Exception as e:
+            raise AsrtrainError(f"{self.scp}: utterance {utt}: cannot read "
+                                f"{self.table[utt]}: {e}") from e
+        if m.ndim != 2:
+            raise AsrtrainError(f"{self.scp}: utterance {utt}: a {m.ndim}-dim array, expected "
+                                "a matrix [rows, dim]")
+        return m
+
+    def num_rows(self, num_frames: int) -> int:
+        """The rows an utterance of ``num_frames`` frames uses."""
+        return max(1, math.ceil(num_frames / self.period))
+
+    def rows(self, utt: str, num_frames: int) -> np.ndarray:
+        """The rows of ``utt`` its ``num_frames`` frames use, float32 [ceil(T / period), dim],
+        checked: enough rows, finite, the set's dimension."""
+        m = self._load(utt)
+        need = self.num_rows(num_frames)
+        if m.shape[0] < need:
+            raise AsrtrainError(f"{self.scp}: utterance {utt} has {m.shape[0]} i-vector rows, "
+                                f"its {num_frames} frames need {need} (one per "
+                                f"{self.period} frames, {self.dir / 'ivector_period'})")
+        m = m[:need]
+        if not np.isfinite(m).all():
+            raise AsrtrainError(f"{self.scp}: utterance {utt} has NaN or infinite i-vector "
+                                "values")
+        if self._dim is not None and m.shape[1] != self._dim:
+            raise AsrtrainError(f"{self.scp}: utterance {utt} has {m.shape[1]}-dim i-vectors, "
+                                f"the others {self._dim}")
+        return m.astype(np.float32, copy=False)
+
+    def frames(self, utt: str, num_frames: int, against: Path | None = None) -> np.ndarray:
+        """``utt``'s i-vector of every frame, [num_frames, dim]: row ``t // period``."""
+        return self.rows(utt, num_frames)[np.arange(num_frames) // self.period]
+
+
+def open_streams(dirs: Mapping[str, str | Path] | None) -> list[FmllrFrames | OnlineIvectors]:
+    """The appended streams of ``dirs`` ({stream: directory}), in :data:`APPEND_STREAMS`
+    order."""
+    dirs = dict(dirs or {})
+    bad = [s for s in dirs if s not in APPEND_STREAMS]
+    if bad:
+        raise AsrtrainError(f"appended stream {bad[0]!r}: expected one of "
+                            f"{', '.join(APPEND_STREAMS)}")
+    kinds = {"fmllr": FmllrFrames, "ivector": OnlineIvectors}
+    return [kinds[s](dirs[s]) for s in APPEND_STREAMS if s in dirs]
 
 
 class FeatureReader:
@@ -32,6 +213,8 @@ class FeatureReader:
     so is a missing ``utt2num_frames`` (what batching by length needs); ``input_dim``: every
     utterance must come out with that many dimensions (a model's input); ``hint``: what to do
     when ``feats.scp`` is missing.  ``data``: the data dir already read (else read here).
+    ``streams``: {stream: directory} of the streams ``features.append`` appends after the
+    transformed features (:func:`stream_dirs`); every utterance must have them.
 
     Every problem raises :class:`AsrtrainError` naming the file and the utterance or speaker.
     """
@@ -39,7 +222,8 @@ class FeatureReader:
     def __init__(self, data_dir: str | Path, delta_order: int = 0, norm_vars: bool = False, *,
                  require_cmvn: bool = False, need_num_frames: bool = False,
                  input_dim: int | None = None, hint: str = "run the features stage",
-                 data: DataDir | None = None) -> None:
+                 data: DataDir | None = None,
+                 streams: Mapping[str, str | Path] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.data = data if data is not None else DataDir.read(self.data_dir)
         self.input_dim = input_dim
@@ -57,6 +241,9 @@ class FeatureReader:
             raise AsrtrainError(f"{self.cmvn_scp}: missing; {hint}")
         self.transform = FeatureTransform(self._read_cmvn(), self.data.utt2spk, norm_vars,
                                           delta_order)
+        self.streams = open_streams(streams)
+        for stream in self.streams:
+            stream.check_utts(self.data.utts)
         self._dim: int | None = None
 
     def _read_cmvn(self) -> dict[str, np.ndarray]:
@@ -89,10 +276,28 @@ class FeatureReader:
 
     @property
     def dim(self) -> int:
-        """Dimensions of the transformed features (from the first utterance's raw features)."""
+        """Dimensions of the composed input (from the first utterance's stored matrices)."""
         if self._dim is None:
-            self._dim = self.transform.output_dim(self.raw(self.utts[0]).shape[1])
+            first = self.utts[0]
+            self._dim = self.transform.output_dim(self.raw(first).shape[1]) + sum(
+                s.dim(first) for s in self.streams)
         return self._dim
+
+    def stream(self, name: str) -> FmllrFrames | OnlineIvectors | None:
+        """The appended stream ``name``, or None when the input does not append it."""
+        return next((s for s in self.streams if s.name == name), None)
+
+    def describe(self) -> str:
+        """The input's parts and their sizes, e.g. ``fbank 40 + Δ/ΔΔ = 120 | fmllr 40 |
+        ivector 100``: what an input-size error shows."""
+        first = self.utts[0]
+        raw = self.raw(first).shape[1]
+        order = self.transform.delta_order
+        deltas = "Δ" if order == 1 else "Δ/ΔΔ"
+        parts = [f"{self.feats_scp.name} {raw}" + (
+            f" + {deltas} = {self.transform.output_dim(raw)}" if order else "")]
+        parts += [f"{s.name} {s.dim(first)} ({s.scp})" for s in self.streams]
+        return " | ".join(parts)
 
     def raw(self, utt: str) -> np.ndarray:
         """The stored features of ``utt``, as ``feats.scp`` points at them."""
@@ -118,10 +323,13 @@ class FeatureReader:
                                 f"{m.shape[1]}-dim features in {self.feats_scp}; rerun the "
                                 "features stage")
         out = np.asarray(self.transform(utt, m), dtype=np.float32)
+        if self.streams:
+            out = np.concatenate([out] + [s.frames(utt, len(m), self.feats_scp)
+                                          for s in self.streams], axis=1)
         if self.input_dim is not None and out.shape[1] != self.input_dim:
             raise AsrtrainError(f"{self.feats_scp}: utterance {utt} has {out.shape[1]}-dim "
-                                f"features after the transform, the model takes "
-                                f"{self.input_dim}; use the model's feature config")
+                                f"input ({self.describe()}), the model takes "
+                                f"{self.input_dim}; read it with the model's features config")
         return out if out.flags.writeable else out.copy()
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:

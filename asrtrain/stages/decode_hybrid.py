@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain.pipeline import Stage, StageContext, select
-from asrtrain.stages.train_hybrid import hybrid_config
+from asrtrain.stages.train_hybrid import hybrid_config, ivector_stage
 
 log = logging.getLogger("asrtrain")
 
@@ -49,6 +49,7 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     """Decode and score one set; report and record its WER; return the decoder's summary."""
     from asrtrain.decode import HybridDecodeConfig, note_tuned_on
     from asrtrain.decode.hybrid import decode_hybrid
+    from asrtrain.features.reader import appended_streams, stream_dirs
     from asrtrain.report import chosen_on, record_result
     from asrtrain.score import describe_scoring, report_wer
 
@@ -56,8 +57,9 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     system = str(hcfg.model.name)
     data, dec = paths.data_set(name), paths.decode_dir(system, name)
     log.info("decode_hybrid %s %s: %s", system, name, describe_scoring(data))
+    streams = stream_dirs(paths, name, appended_streams(hcfg.features))
     summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph, data, dec, options,
-                            nj=int(ctx.cfg.nj))
+                            nj=int(ctx.cfg.nj), streams=streams)
     if tuned_on:
         note_tuned_on(dec, tuned_on)
     if summary.get("counts"):
@@ -87,6 +89,8 @@ def _config(cfg: DictConfig) -> dict:
     return {"hybrid.decode": select(cfg, "hybrid.decode"), **tuning_config(cfg)}
 
 
-STAGE = Stage("decode_hybrid", run, reads=("train_hybrid", "align", "lm", "lang", "features"),
+# ``ivectors``: the test sets' i-vectors (when the stage exists and the recipe runs it)
+STAGE = Stage("decode_hybrid", run,
+              reads=("train_hybrid", "align", "lm", "lang", "features", *ivector_stage()),
               config=_config, check=check,
               doc="hybrid decoding through HCLG, LM-weight sweep, scoring of the test sets")

@@ -18,7 +18,7 @@ import logging
 import queue
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,13 +75,17 @@ def read_alignments(ali_dir: str | Path) -> tuple[dict[str, str], int]:
 
 
 class ChunkSet:
-    """The chunks of one data dir (feats.scp, cmvn.scp) with targets from an alignment dir."""
+    """The chunks of one data dir (feats.scp, cmvn.scp) with targets from an alignment dir;
+    ``streams``: the per-frame streams appended to its features ({stream: directory},
+    ``features.reader.stream_dirs``), the composed input of ``features.reader``."""
 
     def __init__(self, data_dir: str | Path, ali_dir: str | Path, chunk: int = 21,
                  delta_order: int = 0, norm_vars: bool = False,
-                 max_missing: float = 0.05) -> None:
+                 max_missing: float = 0.05,
+                 streams: Mapping[str, str | Path] | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.reader = FeatureReader(self.data_dir, delta_order, norm_vars, need_num_frames=True)
+        self.reader = FeatureReader(self.data_dir, delta_order, norm_vars, need_num_frames=True,
+                                    streams=streams)
         data = self.reader.data
         self.ali, self.num_pdfs = read_alignments(ali_dir)
         self.ali_dir = Path(ali_dir)
@@ -96,7 +100,7 @@ class ChunkSet:
             log.warning("%s: %d utterances without alignment are left out", self.data_dir,
                         missing)
         self.num_frames = {u: data.utt2num_frames[u] for u in self.utts}
-        self.dim = self.reader.transform.output_dim(self.reader.raw(self.utts[0]).shape[1])
+        self.dim = self.reader.dim
         self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:

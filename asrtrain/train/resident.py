@@ -16,6 +16,14 @@ the same batches for the same seed (to fp16 rounding where fp16 is stored).
 Why every learner holds the whole training set: the shards are dealt afresh every epoch
 (:meth:`ChunkSet.shard`), so the union of a learner's shards over the epochs is the whole set;
 holding only this epoch's shard would mean reading arks again every epoch.
+
+A composed input (``features.append``, see ``features.reader``) is stored in parts, not as the
+frames the model sees: the fMLLR features are static per-frame dims stored beside the fbank
+ones (no CMVN, no Δ: the gather takes Δ/ΔΔ of the fbank part only), and the online i-vectors as
+their own table of rows (one per ``ivector_period`` frames), each chunk knowing its utterance's
+first row, so frame ``t`` of an utterance reads row ``t // period`` in the gather. Expanded per
+frame, 100 fp16 i-vector dims would be 200 bytes a frame (144 GB for SWB-2000's ~720M frames);
+as rows they are 200 / period (20 bytes at Kaldi's period of 10).
 """
 
 from __future__ import annotations
@@ -63,10 +71,17 @@ def host_available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def bytes_per_frame(raw_dim: int, dtype: torch.dtype, chunk: int) -> float:
-    """What the store holds per frame: the raw dimensions, an int32 pdf id, and per chunk
-    four int64s (first frame, utterance start and end, frames) spread over its frames."""
-    return raw_dim * torch.empty((), dtype=dtype).element_size() + 4 + 4 * 8 / chunk
+def bytes_per_frame(raw_dim: int, dtype: torch.dtype, chunk: int, ivector_dim: int = 0,
+                    ivector_period: int = 1) -> float:
+    """What the store holds per frame: the stored per-frame dimensions (fbank, and fMLLR when
+    appended), an int32 pdf id, per chunk four int64s (first frame, utterance start and end,
+    frames) spread over its frames; with i-vectors, a row of ``ivector_dim`` per
+    ``ivector_period`` frames and one more int64 per chunk (its utterance's first row)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    out = raw_dim * size + 4 + 4 * 8 / chunk
+    if ivector_dim:
+        out += ivector_dim * size / ivector_period + 8 / chunk
+    return out
 
 
 def place(nbytes: int, device: torch.device, what: str, host_bytes: int | None = None,
@@ -112,17 +127,30 @@ class ResidentChunks:
         self.device = torch.device(device)
         self.dtype = dtype or torch.float16
         reader = chunks.reader
-        self.raw_dim = int(reader.raw(chunks.utts[0]).shape[1])
+        first_utt = chunks.utts[0]
+        self.fbank_dim = int(reader.raw(first_utt).shape[1])
+        self.fmllr = reader.stream("fmllr")
+        self.ivectors = reader.stream("ivector")
+        # stored per frame: fbank (CMVN'd), then fMLLR as is
+        self.raw_dim = self.fbank_dim + (self.fmllr.dim(first_utt) if self.fmllr else 0)
+        self.ivector_dim = self.ivectors.dim(first_utt) if self.ivectors else 0
+        self.period = self.ivectors.period if self.ivectors else 1
         self.order = int(reader.transform.delta_order)
         utt, start, length = chunks.chunk_table()
-        self.frames = sum(chunks.num_frames[u] for u in chunks.utts)
-        self.bytes_per_frame = bytes_per_frame(self.raw_dim, self.dtype, chunks.chunk)
+        lengths = [chunks.num_frames[u] for u in chunks.utts]
+        self.frames = sum(lengths)
+        row0 = np.cumsum([0] + [self.ivectors.num_rows(n) for n in lengths]) \
+            if self.ivectors else np.zeros(len(lengths) + 1, dtype=np.int64)
+        self.rows = int(row0[-1])
+        self.bytes_per_frame = bytes_per_frame(self.raw_dim, self.dtype, chunks.chunk,
+                                               self.ivector_dim, self.period)
         self.nbytes = int((self.frames + 1) * self.bytes_per_frame)
         self.store_device, pinned = place(self.nbytes, self.device, str(chunks.data_dir),
                                           host_bytes)
-        self.feats, self.targets = self._load(pinned)
-        frame0 = np.cumsum([0] + [chunks.num_frames[u] for u in chunks.utts])
+        self.feats, self.targets, self.ivector_rows = self._load(pinned)
+        frame0 = np.cumsum([0] + lengths)
         on = self.store_device
+        self.row0 = torch.from_numpy(row0[utt]).to(on) if self.ivectors else None
         self.first = torch.from_numpy(frame0[utt] + start).to(on)
         self.utt_lo = torch.from_numpy(frame0[utt]).to(on)
         self.utt_hi = torch.from_numpy(frame0[utt + 1]).to(on)
@@ -139,16 +167,20 @@ class ResidentChunks:
                  self.nbytes / (1 << 20))
 
     # ------------------------------------------------------------------ loading
-    def _load(self, pinned: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every utterance's frames after CMVN (row ``frames`` is the zero padding frame) and
-        pdf ids (``IGNORE`` at the padding frame)."""
+    def _load(self, pinned: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Every utterance's stored frames, fbank after CMVN then fMLLR (row ``frames`` is the
+        zero padding frame), pdf ids (``IGNORE`` at the padding frame), and the i-vector rows
+        (None without i-vectors)."""
         n, on = self.frames, self.store_device
         feats = torch.empty(n + 1, self.raw_dim, dtype=self.dtype, device=on, pin_memory=pinned)
         targets = torch.empty(n + 1, dtype=torch.int32, device=on, pin_memory=pinned)
+        ivecs = torch.empty(self.rows, self.ivector_dim, dtype=self.dtype, device=on,
+                            pin_memory=pinned) if self.ivectors else None
         feats[n] = 0
         targets[n] = IGNORE
         shift, scale, speaker = self._cmvn()
-        offset, held, mats, alis, spks = 0, 0, [], [], []
+        offset = row = held = 0
+        mats, alis, spks, rows = [], [], [], []
         utts = self.chunks.utts
         for i, utt in enumerate(tqdm(utts, desc="loading chunk data", unit="utt", disable=None,
                                      leave=False)):
@@ -156,6 +188,8 @@ class ResidentChunks:
             mats.append(mat)
             alis.append(ali)
             spks.append(speaker[utt])
+            if self.ivectors:
+                rows.append(self.ivectors.rows(utt, len(ali)))
             held += len(ali)
             if held >= LOAD_FRAMES or i == len(utts) - 1:
                 x = self._normalise(mats, spks, shift, scale)
@@ -163,30 +197,45 @@ class ResidentChunks:
                 feats[offset: offset + len(x)] = x.to(on, self.dtype)
                 targets[offset: offset + len(x)] = torch.from_numpy(np.concatenate(alis)).to(on)
                 offset += len(x)
-                held, mats, alis, spks = 0, [], [], []
-        return feats, targets
+                if ivecs is not None:
+                    r = torch.from_numpy(np.concatenate(rows))
+                    self._check_range(r, utt, self.ivectors.scp)
+                    ivecs[row: row + len(r)] = r.to(on, self.dtype)
+                    row += len(r)
+                held, mats, alis, spks, rows = 0, [], [], [], []
+        return feats, targets, ivecs
 
-    def _check_range(self, x: torch.Tensor, last: str) -> None:
-        """Refuse frames that the storage type cannot hold (fp16 overflows at 65504)."""
+    def _check_range(self, x: torch.Tensor, last: str, source: Path | None = None) -> None:
+        """Refuse frames that the storage type cannot hold (fp16 overflows at 65504);
+        ``source``: the table they came from (default: the set's ``feats.scp``)."""
         if self.dtype.is_floating_point and torch.finfo(self.dtype).bits < 32:
             peak = float(x.abs().max()) if x.numel() else 0.0
             if not peak <= torch.finfo(self.dtype).max:
-                raise AsrtrainError(f"{self.chunks.reader.feats_scp}: feature values up to "
-                                    f"{peak:g} (in the utterances read up to {last}) overflow "
+                where = source or self.chunks.reader.feats_scp
+                raise AsrtrainError(f"{where}: feature values up to {peak:g} (in the "
+                                    f"utterances read up to {last}) overflow "
                                     f"{str(self.dtype).replace('torch.', '')} storage; "
                                     "normalise them (cmvn.scp) or use trainer.chunk_data=stream")
 
     def _read(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
-        """``utt``'s stored features and pdf ids, checked against each other and the set."""
+        """``utt``'s stored features (fbank, then fMLLR when appended) and pdf ids, checked
+        against each other and the set."""
         cs = self.chunks
         mat = cs.reader.raw(utt)
-        if mat.ndim != 2 or mat.shape[1] != self.raw_dim:
+        if mat.ndim != 2 or mat.shape[1] != self.fbank_dim:
             raise AsrtrainError(f"{cs.reader.feats_scp}: utterance {utt}: features of shape "
-                                f"{mat.shape}, expected [frames, {self.raw_dim}]")
+                                f"{mat.shape}, expected [frames, {self.fbank_dim}]")
         if mat.shape[0] != cs.num_frames[utt]:
             raise AsrtrainError(f"{cs.data_dir}/utt2num_frames: utterance {utt} has "
                                 f"{cs.num_frames[utt]} frames, its features {mat.shape[0]}; "
                                 "rerun the features stage")
+        if self.fmllr:
+            fm = self.fmllr.frames(utt, mat.shape[0], cs.reader.feats_scp)
+            if fm.shape[1] != self.raw_dim - self.fbank_dim:
+                raise AsrtrainError(f"{self.fmllr.scp}: utterance {utt} has {fm.shape[1]}-dim "
+                                    f"fMLLR features, the others "
+                                    f"{self.raw_dim - self.fbank_dim}")
+            mat = np.concatenate([mat.astype(np.float32, copy=False), fm], axis=1)
         return mat, cs.alignment(utt, mat.shape[0], np.int32)
 
     def _cmvn(self) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, int]]:
@@ -197,18 +246,21 @@ class ResidentChunks:
         if not stats:
             return None, None, {u: 0 for u in self.chunks.utts}
         names = sorted({utt2spk[u] for u in self.chunks.utts})
+        # the fMLLR dims (after the fbank ones) are left as they are: shift 0, scale 1
         shift = np.zeros((len(names), self.raw_dim))
         scale = np.ones((len(names), self.raw_dim))
+        d = self.fbank_dim
         for i, spk in enumerate(names):
             s = stats[spk]
-            if s.shape[1] != self.raw_dim + 1:
+            if s.shape[1] != d + 1:
                 raise AsrtrainError(f"{reader.cmvn_scp}: speaker {spk} has {s.shape[1] - 1}-dim "
                                     f"statistics, but the features in {reader.feats_scp} have "
-                                    f"{self.raw_dim} dims; rerun the features stage")
+                                    f"{d} dims; rerun the features stage")
             count = s[0, -1]
-            shift[i] = s[0, :-1] / count
+            shift[i, :d] = s[0, :-1] / count
             if reader.transform.norm_vars:
-                scale[i] = 1 / np.sqrt(np.maximum(s[1, :-1] / count - shift[i] ** 2, 1e-10))
+                scale[i, :d] = 1 / np.sqrt(np.maximum(s[1, :-1] / count - shift[i, :d] ** 2,
+                                                      1e-10))
         row = {spk: i for i, spk in enumerate(names)}
         as_tensor = lambda a: torch.tensor(a, dtype=torch.float32, device=self.device)  # noqa: E731
         return as_tensor(shift), as_tensor(scale), {u: row[utt2spk[u]] for u in self.chunks.utts}
@@ -258,16 +310,36 @@ class ResidentChunks:
         if short:  # past a short utterance's end: the padding frame
             pos = torch.where(self.steps_t < self.length[ids, None], pos, self.frames)
         targets = self.targets[pos].to(self.device, non_blocking=True).long()
-        if self.order == 0:
+        composed = self.raw_dim > self.fbank_dim or self.ivectors is not None
+        if self.order == 0 and not composed:
             feats = self.feats[pos].to(self.device, non_blocking=True).float()
             return ChunkBatch(feats, lengths, targets)
-        span = self.first[ids, None] + self.span_t               # [B, C + 2R]: the chunk ± R
-        span = torch.minimum(torch.maximum(span, self.utt_lo[ids, None]),
-                             self.utt_hi[ids, None] - 1)
-        feats = self._add_deltas(self.feats[span].to(self.device, non_blocking=True).float())
+        if self.order == 0:
+            static = self.feats[pos].to(self.device, non_blocking=True).float()
+            parts = [static]
+        else:
+            span = self.first[ids, None] + self.span_t           # [B, C + 2R]: the chunk ± R
+            span = torch.minimum(torch.maximum(span, self.utt_lo[ids, None]),
+                                 self.utt_hi[ids, None] - 1)
+            x = self.feats[span].to(self.device, non_blocking=True).float()
+            r = self.order * DELTA_WINDOW
+            parts = [self._add_deltas(x[..., :self.fbank_dim].contiguous())]
+            if self.raw_dim > self.fbank_dim:                    # fMLLR: the chunk's own frames
+                parts.append(x[:, r: r + self.chunks.chunk, self.fbank_dim:])
+        if self.ivectors is not None:
+            parts.append(self._ivectors(ids))
+        feats = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
         if short:
             feats.masked_fill_((targets == IGNORE)[..., None], 0.0)
         return ChunkBatch(feats, lengths, targets)
+
+    def _ivectors(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, C, ivector_dim]: each frame's i-vector, row ``t // period`` of its utterance
+        (``t`` its frame in the utterance; past a short utterance's end, its last frame's)."""
+        t = self.first[ids, None] - self.utt_lo[ids, None] + torch.minimum(
+            self.steps_t, self.length[ids, None] - 1)
+        rows = self.row0[ids, None] + torch.div(t, self.period, rounding_mode="floor")
+        return self.ivector_rows[rows].to(self.device, non_blocking=True).float()
 
     def _add_deltas(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C, (order + 1) · D] static features, Δ, ΔΔ from the frames of the chunks and

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
+from asrtrain.features.reader import appended_streams, stream_dirs
 from asrtrain.lang.bpe import Units
 from asrtrain.models.checkpoint import ModelCheckpoint
 from asrtrain.models.ctc import greedy_units
@@ -126,11 +127,20 @@ class FrameCETask(Task):
         ali = cfg.model.alignments  # {train: align dir, dev: align dir} (the align stage's)
         args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
                     norm_vars=bool(feats.norm_vars))
-        self.train_set = ChunkSet(paths.data_set(cfg.sets.train), ali.train, **args)
-        self.dev_set = ChunkSet(paths.data_set(cfg.sets.dev), ali.dev, **args)
+        append = appended_streams(feats)
+        train, dev = str(cfg.sets.train), str(cfg.sets.dev)
+        self.train_set = ChunkSet(paths.data_set(train), ali.train,
+                                  streams=stream_dirs(paths, train, append), **args)
+        self.dev_set = ChunkSet(paths.data_set(dev), ali.dev,
+                                streams=stream_dirs(paths, dev, append), **args)
         if self.dev_set.num_pdfs != self.train_set.num_pdfs:
             raise AsrtrainError(f"{ali.dev}: {self.dev_set.num_pdfs} pdfs, but the training "
                                 f"alignments in {ali.train} have {self.train_set.num_pdfs}")
+        if self.dev_set.dim != self.train_set.dim:
+            raise AsrtrainError(f"{self.dev_set.data_dir}: a {self.dev_set.dim}-dim input "
+                                f"({self.dev_set.reader.describe()}), but the training set's is "
+                                f"{self.train_set.dim} ({self.train_set.reader.describe()}) "
+                                f"with features {describe_features(feats)}")
         self.batch_size = int(t.batch_chunks)
         self.block_utts = int(t.block_utts)
         self.seed = int(t.seed)
@@ -142,7 +152,8 @@ class FrameCETask(Task):
 
     def describe(self) -> str:
         return (f"frame CE over {self.output_dim} pdfs on {self.train_set.chunk}-frame chunks; "
-                f"{self.samples_per_epoch} training chunks, {len(self.dev_set)} dev")
+                f"{self.samples_per_epoch} training chunks, {len(self.dev_set)} dev; input "
+                f"{self.input_dim} dims: {self.train_set.reader.describe()}")
 
     def steps_per_epoch(self, world: int) -> int:
         return self.train_set.steps(self.seed + 1, world, self.batch_size)
@@ -198,6 +209,12 @@ class FrameCETask(Task):
 
     def checkpoint_extra(self) -> dict:
         return {"log_priors": torch.from_numpy(self.priors), "chunk": self.train_set.chunk}
+
+
+def describe_features(feats: DictConfig) -> str:
+    """The settings of a features config that shape the model's input, for error messages."""
+    return (f"delta_order={feats.get('delta_order', 0)} "
+            f"append={list(feats.get('append') or [])}")
 
 
 def build_task(cfg: DictConfig):
