@@ -50,7 +50,7 @@ def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictCon
 #: The stages of each system a recipe's ``systems`` may name, in the order of the stage table
 #: (``asrtrain.stages.STAGES``; a test keeps them in step).
 STAGE_ORDER = ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
-               "train_hybrid", "decode_hybrid")
+               "ivectors", "train_hybrid", "decode_hybrid")
 SYSTEM_STAGES = {
     "ctc": ("prepare", "lang", "features", "train", "decode", "score"),
     "gmm": ("prepare", "lang", "lm", "mfcc", "align"),
@@ -77,11 +77,25 @@ def resolve_recipe_settings(cfg: DictConfig) -> None:
         cfg.systems = _systems(cfg)
         if cfg.get("stages") == "auto":
             cfg.stages = [s for s in STAGE_ORDER
-                          if any(s in SYSTEM_STAGES[x] for x in cfg.systems)]
+                          if any(s in SYSTEM_STAGES[x] for x in cfg.systems)
+                          or (s == "ivectors" and needs_ivectors(cfg))]
             # GMM passes are decoded only when the GMM system is asked for.
             if "gmm" not in cfg.systems and OmegaConf.select(cfg, "align.decode"):
                 cfg.align.decode = False
     _check_lexicon(cfg)
+
+
+def hybrid_input_appends(cfg: DictConfig) -> list[str]:
+    """The streams the hybrid model's input appends: ``hybrid.features.append`` when the recipe
+    gives the hybrid model features of its own, else ``features.append`` (absent: none)."""
+    features = OmegaConf.select(cfg, "hybrid.features") or cfg.get("features") or {}
+    return [str(s) for s in (features.get("append") or [])]
+
+
+def needs_ivectors(cfg: DictConfig) -> bool:
+    """Whether ``stages: auto`` runs the ``ivectors`` stage: the hybrid system is built and its
+    input appends online i-vectors."""
+    return "hybrid" in cfg.systems and "ivector" in hybrid_input_appends(cfg)
 
 
 def default_nj() -> int:

@@ -283,10 +283,13 @@ class IvectorExtractor:
         return mean
 
 
-def online_stats(ubm: DiagUbm, x: torch.Tensor, opts: PosteriorOptions, period: int = 10
-                 ) -> UttStats:
+def online_stats(ubm: DiagUbm, x: torch.Tensor, opts: PosteriorOptions, period: int = 10,
+                 initial: UttStats | None = None) -> UttStats:
     """The statistics ``ivector-extract-online2 --ivector-period=period`` sees at frames
-    ``0, period, 2 period, ...``: row ``k`` holds frames ``0 .. k * period`` (inclusive)."""
+    ``0, period, 2 period, ...``: row ``k`` holds frames ``0 .. k * period`` (inclusive), so
+    an utterance of ``T`` frames has ``ceil(T / period)`` rows (the program's
+    ``(T + period - 1) / period``). ``initial`` (one row): the adaptation state carried over
+    from the speaker's earlier utterances (:func:`carry_state`), added to every row."""
     if period < 1:
         raise AsrtrainError(f"ivector period must be >= 1, got {period}")
     c, d = ubm.num_gauss, ubm.dim
@@ -294,20 +297,40 @@ def online_stats(ubm: DiagUbm, x: torch.Tensor, opts: PosteriorOptions, period: 
     rows = (len(x) + period - 1) // period
     idx, post = ubm.posteriors(x, opts.num_gselect, opts.min_post, opts.posterior_scale)
     row_of = (torch.arange(len(x), device=x.device) + period - 1) // period   # first row >= t
+    seen = row_of < rows        # frames after the last row's frame are in no row (T % period)
+    idx, post, x, row_of = idx[seen], post[seen], x[seen], row_of[seen]
     flat = row_of[:, None] * c + idx                                         # [T, n]
     gamma = torch.zeros(rows * c, dtype=torch.float64, device=x.device)
     gamma.index_add_(0, flat.flatten(), post.flatten())
     xs = torch.zeros(rows * c, d, dtype=torch.float64, device=x.device)
     xs.index_add_(0, flat.flatten(), (post[:, :, None] * x[:, None, :]).reshape(-1, d))
-    return UttStats(gamma.view(rows, c).cumsum(0), xs.view(rows, c, d).cumsum(0))
+    gamma, xs = gamma.view(rows, c).cumsum(0), xs.view(rows, c, d).cumsum(0)
+    if initial is not None:
+        gamma, xs = gamma + initial.gamma.to(gamma), xs + initial.X.to(xs)
+    return UttStats(gamma, xs)
 
 
 def extract_online(extractor: IvectorExtractor, ubm: DiagUbm, x: torch.Tensor,
-                   opts: PosteriorOptions, period: int = 10) -> torch.Tensor:
+                   opts: PosteriorOptions, period: int = 10,
+                   initial: UttStats | None = None) -> torch.Tensor:
     """``[ceil(T / period), R]`` i-vectors, row ``k`` from the statistics up to frame
     ``k * period`` (Kaldi's ``EstimateIvectorsOnline``, solved exactly where Kaldi runs
-    conjugate gradient to convergence)."""
-    return extractor.extract(online_stats(ubm, x, opts, period))
+    conjugate gradient to convergence); ``initial``: see :func:`online_stats`."""
+    return extractor.extract(online_stats(ubm, x, opts, period, initial))
+
+
+def carry_state(stats: UttStats, max_remembered_frames: float, posterior_scale: float
+                ) -> UttStats:
+    """The adaptation state an utterance hands to the speaker's next one (Kaldi's
+    ``OnlineIvectorExtractorAdaptationState::LimitFrames``): the statistics at its last frame
+    (last row of ``stats``), scaled down so that their count is at most
+    ``max_remembered_frames * posterior_scale``; the prior is not scaled (it is added at
+    solve time), so the carried data never outweighs it by more than that."""
+    gamma, xs = stats.gamma[-1:], stats.X[-1:]
+    limit = max_remembered_frames * posterior_scale
+    count = float(gamma.sum())
+    scale = limit / count if count > limit else 1.0
+    return UttStats(gamma * scale, xs * scale)
 
 
 def frame_ivectors(rows: torch.Tensor, num_frames: int, period: int = 10) -> torch.Tensor:

@@ -10,6 +10,7 @@ from asrtrain.stages import (
                              decode,
                              decode_hybrid,
                              features,
+                             ivectors,
                              lang,
                              lm,
                              mfcc,
@@ -20,4 +21,5 @@ from asrtrain.stages import (
 )
 
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
-    prepare, lang, features, train, decode, score, lm, mfcc, align, train_hybrid, decode_hybrid)}
+    prepare, lang, features, train, decode, score, lm, mfcc, align, ivectors, train_hybrid,
+    decode_hybrid)}

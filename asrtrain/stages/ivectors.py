@@ -1,0 +1,158 @@
+"""Stage ``ivectors``: Kaldi's online i-vectors (``steps/online/nnet2``) for the hybrid model's
+``append: [ivector]`` input: a diagonal UBM (``train_diag_ubm.sh``) and an i-vector extractor
+(``train_ivector_extractor.sh``) on the training set's fbank features, then online i-vectors
+every ``ivector.online.period`` frames of the train, dev and test sets
+(``extract_ivectors_online.sh``, adaptation state carried across up to ``utts_per_spk_max`` of a
+speaker's utterances); or Kaldi's own ``ivector_online.scp`` imported (``ivector.source:
+kaldi``, ``ivector.kaldi_dirs: {SET: DIR}``).
+
+Writes ``paths.ivector_extractor`` (``final.ubm``, ``final.ie``, ``info.json``: seconds,
+frames/s and the peak memory of extractor training) and ``paths.ivector_set(set)``
+(``ivector_online.{ark,scp}``, ``ivector_period``). The UBM, the extractor and each set's
+extraction are inner steps keyed by the stage's resume key and the options they depend on: a
+run killed during extraction resumes at the set it was in, and a change of ``ivector.online``
+re-extracts without retraining. Which features and why no CMVN: ``asrtrain.adapt.ivector_sets``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from asrtrain import AsrtrainError
+from asrtrain.fileio import write_text
+from asrtrain.pipeline import Stage, StageContext
+from asrtrain.recipe import data_sets
+
+log = logging.getLogger("asrtrain")
+
+SOURCES = ("train", "kaldi")
+
+
+def _opts(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg.ivector, resolve=True)
+
+
+def _step(ctx: StageContext, marker: Path, key: str, what: str, work) -> bool:
+    """Run ``work()`` unless ``marker`` holds ``key``; write it afterwards. Whether it ran."""
+    if ctx.step_done(marker, key):
+        log.info("ivectors %s: done already, skipped", what)
+        return False
+    marker.unlink(missing_ok=True)
+    work()
+    write_text(marker, key + "\n")
+    return True
+
+
+def run(ctx: StageContext) -> None:
+    if ctx.cfg.ivector.source == "kaldi":
+        _import_kaldi(ctx)
+    else:
+        _train_and_extract(ctx)
+
+
+def _train_and_extract(ctx: StageContext) -> None:
+    from asrtrain.adapt import ivector_sets as iv
+
+    cfg, paths = ctx.cfg, ctx.paths
+    opts, device = _opts(cfg), str(cfg.ivector.device)
+    sub, cmvn = int(opts["subsample"]), bool(opts["cmvn"])
+    norm_vars = bool(cfg.features.get("norm_vars", False))
+    ext_dir = paths.ivector_extractor
+    info_path = ext_dir / "info.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    train = iv.SetFrames(paths.data_set(str(cfg.sets.train)), cmvn, norm_vars)
+
+    ubm_key = ctx.step_key("ubm", opts["ubm"], sub, cmvn)
+
+    def ubm_work() -> None:
+        ubm, info["ubm"] = iv.train_ubm(train, opts["ubm"], sub, device)
+        iv.save_ubm(ubm, ext_dir / "final.ubm")
+        _report("diag UBM", info["ubm"])
+    _step(ctx, ext_dir / ".ubm.done", ubm_key, "diag UBM", ubm_work)
+
+    ie_key = ctx.step_key("extractor", ubm_key, opts["extractor"])
+
+    def ie_work() -> None:
+        ubm = iv.load_ubm(ext_dir / "final.ubm")
+        ext, info["extractor"] = iv.train_extractor(train, ubm, opts["extractor"], sub, device)
+        iv.save_extractor(ext, ext_dir / "final.ie")
+        _report("extractor", info["extractor"])
+    if _step(ctx, ext_dir / ".ie.done", ie_key, "extractor", ie_work):
+        info.pop("extraction", None)
+    iv.write_info(info_path, info)
+
+    ubm, ext = iv.load_ubm(ext_dir / "final.ubm"), iv.load_extractor(ext_dir / "final.ie")
+    post = iv.PosteriorOptions(int(opts["extractor"]["num_gselect"]),
+                               float(opts["extractor"]["min_post"]),
+                               float(opts["online"]["posterior_scale"]))
+    info.setdefault("extraction", {})
+    for name in data_sets(cfg):
+        out = paths.ivector_set(name)
+
+        def work(name: str = name, out: Path = out) -> None:
+            frames = iv.SetFrames(paths.data_set(name), cmvn, norm_vars)
+            info["extraction"][name] = iv.extract_set(frames, ubm, ext, opts["online"], post,
+                                                      out, device)
+            _report(f"{name} extracted", info["extraction"][name])
+            iv.write_info(info_path, info)
+        _step(ctx, out / ".done", ctx.step_key("extract", name, ie_key, opts["online"]),
+              f"{name} extraction", work)
+
+
+def _report(what: str, info: dict) -> None:
+    from asrtrain.adapt.ivector_sets import log_info
+
+    log_info(what, info)
+    extra = f", peak RSS {info['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in info else ""
+    log.info("ivectors %s: %d frames in %.1f s (%d frames/s)%s", what, info["frames"],
+             info["seconds"], info["frames_per_s"], extra)
+
+
+def _import_kaldi(ctx: StageContext) -> None:
+    from asrtrain.adapt.ivector_sets import import_kaldi_ivectors
+
+    cfg, paths = ctx.cfg, ctx.paths
+    dirs = cfg.ivector.get("kaldi_dirs") or {}
+    for name in data_sets(cfg):
+        # what is imported was not extracted here: a later source=train extracts again
+        (paths.ivector_set(name) / ".done").unlink(missing_ok=True)
+        info = import_kaldi_ivectors(Path(dirs[name]), paths.data_set(name),
+                                     paths.ivector_set(name))
+        log.info("ivectors %s: imported %d utterances' %d-dim i-vectors (period %d) from %s",
+                 name, info["utterances"], info["dim"], info["period"], info["source"])
+
+
+def _check(cfg: DictConfig) -> None:
+    """The group is there, the source known, Kaldi dirs given for every set."""
+    if "ivector" not in cfg:
+        raise AsrtrainError("stage ivectors needs the ivector config group: add '- ivector: "
+                            "default' to the recipe's defaults (or ivector=tiny on the command "
+                            "line: +ivector=tiny)")
+    source = cfg.ivector.get("source")
+    if source not in SOURCES:
+        raise AsrtrainError(f"ivector.source={source!r}: expected one of {', '.join(SOURCES)}")
+    if source == "kaldi":
+        dirs = cfg.ivector.get("kaldi_dirs") or {}
+        missing = [s for s in data_sets(cfg) if s not in dirs]
+        if missing:
+            raise AsrtrainError(f"ivector.source=kaldi: ivector.kaldi_dirs has no directory for "
+                                f"set {missing[0]} (give {{{missing[0]}: "
+                                "KALDI/exp/nnet3/ivectors_SET}})")
+        return
+    for key in ("online.period", "online.utts_per_spk_max", "subsample", "ubm.num_gauss",
+                "extractor.ivector_dim", "extractor.num_iters"):
+        value = OmegaConf.select(cfg.ivector, key)
+        if isinstance(value, bool) or not isinstance(value, int) or (
+                value < 1 and key != "online.utts_per_spk_max"):
+            raise AsrtrainError(f"ivector.{key}={value!r}: expected a whole number of at least 1")
+
+
+STAGE = Stage("ivectors", run, reads=("features",), config=("ivector",),
+              ignored=("ivector.device", "ivector.extractor.max_cache_mb"),
+              resumable=("ivector",),   # each inner step's key holds the options it depends on
+              check=_check,
+              doc="diagonal UBM, i-vector extractor, online i-vectors of every set")
