@@ -53,6 +53,29 @@ def make_set(root: Path, lengths: list[int] = LENGTHS, dim: int = 6,
     return data, ali
 
 
+def write_streams(root: Path, data: Path, fmllr_dim: int = 4, ivector_dim: int = 5,
+                  period: int = 3, seed: int = 1) -> dict[str, Path]:
+    """The appended streams of the set in ``data`` in the shared layout (issue 13): an fMLLR
+    dir (``feats.scp``, the set's frames; values far from the fbank ones) and an i-vector dir
+    (``ivector_online.scp`` with ``ceil(T / period)`` rows, one more for every other
+    utterance, which must be ignored; ``ivector_period``). Returns {stream: dir}."""
+    rng = np.random.default_rng(seed)
+    fmllr, ivec = root / "fmllr", root / "ivectors"
+    fmllr.mkdir()
+    ivec.mkdir()
+    d = DataDir.read(data)
+    with kaldiio.WriteHelper(f"ark,scp:{fmllr}/feats.ark,{fmllr}/feats.scp") as wf, \
+            kaldiio.WriteHelper(f"ark,scp:{ivec}/ivector_online.ark,"
+                                f"{ivec}/ivector_online.scp") as wi:
+        for i, utt in enumerate(d.utts):
+            n = d.utt2num_frames[utt]
+            wf(utt, (rng.normal(size=(n, fmllr_dim)) * 3 - 7).astype(np.float32))
+            rows = -(-n // period) + i % 2
+            wi(utt, (rng.normal(size=(rows, ivector_dim)) + 2).astype(np.float32))
+    (ivec / "ivector_period").write_text(f"{period}\n")
+    return {"fmllr": fmllr, "ivector": ivec}
+
+
 def reference_batches(cs: ChunkSet, seed, rank, world, batch_size, block_utts=256, steps=None):
     """The streaming loader as it was before the resident one (commit e591ba5), kept verbatim
     here as the order both loaders must follow."""
@@ -90,12 +113,21 @@ def chunk_data(tmp_path_factory) -> tuple[Path, Path]:
     return make_set(tmp_path_factory.mktemp("resident"))
 
 
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory, chunk_data) -> dict[str, Path]:
+    """fMLLR features and online i-vectors of ``chunk_data``'s set (a composed input)."""
+    return write_streams(tmp_path_factory.mktemp("streams"), chunk_data[0])
+
+
+@pytest.mark.parametrize("append", [(), ("fmllr",), ("ivector",), ("fmllr", "ivector")])
 @pytest.mark.parametrize("delta_order, norm_vars", [(0, True), (2, True), (2, False)])
 @pytest.mark.parametrize("seed, world, batch_size, block_utts",
                          [(1, 1, 4, 3), (2, 2, 3, 2), (7, 3, 2, 256), (13, 2, 5, 1)])
-def test_resident_equals_streaming_batch_for_batch(chunk_data, delta_order, norm_vars, seed,
-                                                    world, batch_size, block_utts) -> None:
-    cs = ChunkSet(*chunk_data, chunk=21, delta_order=delta_order, norm_vars=norm_vars)
+def test_resident_equals_streaming_batch_for_batch(chunk_data, streams, append, delta_order,
+                                                    norm_vars, seed, world, batch_size,
+                                                    block_utts) -> None:
+    cs = ChunkSet(*chunk_data, chunk=21, delta_order=delta_order, norm_vars=norm_vars,
+                  streams={s: streams[s] for s in append})
     resident = {torch.float32: ResidentChunks(cs, "cpu", torch.float32),
                 torch.float16: ResidentChunks(cs, "cpu", torch.float16)}
     steps = cs.steps(seed, world, batch_size)
