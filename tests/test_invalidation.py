@@ -15,7 +15,7 @@ import pytest
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
 
 ALL = ["prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
-       "train_hybrid", "decode_hybrid"]
+       "ivectors", "train_hybrid", "decode_hybrid"]
 
 
 @pytest.fixture(scope="module")
