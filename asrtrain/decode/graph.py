@@ -18,7 +18,11 @@ Kaldi's lattice word alignment).  Each scale's words are scored with ``score_dec
 the data dir's ``stm``, plain WER on its ``text`` otherwise) and, as Kaldi's scoring picks the
 best LM weight, the scale with the lowest WER on the set itself is kept.  It writes the one
 decode-dir layout (asrtrain/decode/__init__.py): ``ctm``, ``text``, ``score/`` and
-``decode.json`` (chosen scale, every scale's WER, real-time factor, settings).
+``decode.json`` (chosen scale, every scale's WER, real-time factor, settings).  The features are
+the model's own (Δ+ΔΔ, or spliced through an LDA+MLLT pass's matrix: ``load_data`` with the
+model).  The pieces (``open_decoding``, ``search_utts``, which can also return the best paths'
+transition states, and ``write_decode``) serve the SAT passes' two-pass decode too
+(:mod:`asrtrain.decode.fmllr`).
 """
 
 from __future__ import annotations
@@ -191,6 +195,7 @@ class Graph:
     hclg: kaldifst.StdVectorFst
     words: SymbolTable
     tstates: np.ndarray       # [num_tstates, 3] (phone, hmm_state, pdf) of label - 1
+    dir: Path | None = None   # where it was read from (spawned jobs read it again)
 
     @property
     def tstate_pdf(self) -> torch.Tensor:
@@ -205,7 +210,7 @@ def load_graph(graph_dir: Path) -> Graph:
             raise AsrtrainError(f"{graph_dir / name}: missing; run make_graph for this model")
     info = json.loads((graph_dir / "info.json").read_text())
     return Graph(info, kaldifst.StdVectorFst.read(str(graph_dir / "HCLG.fst")),
-                 SymbolTable.read(graph_dir / "words.txt"), _read_tstates(graph_dir))
+                 SymbolTable.read(graph_dir / "words.txt"), _read_tstates(graph_dir), graph_dir)
 
 
 def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
@@ -214,27 +219,81 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     """Decode ``data_dir`` with the GMM model and HCLG graph into ``out_dir``; see the module
     docstring.  ``cfg``: ``GmmDecodeConfig``'s keys.  ``nj``: parallel search jobs over
     contiguous shares of the utterances (the words are those of one job), at most one per
-    ``audio_per_job`` seconds of audio. Returns what ``decode.json`` holds (the chosen
+    ``audio_per_job`` seconds of audio. The features are the model's own (Δ+ΔΔ, or spliced
+    through its LDA+MLLT matrix). Returns what ``decode.json`` holds (the chosen
     ``acoustic_scale``, ``wer`` and ``per_scale`` WER as numbers, ``real_time_factor`` of the
     wall time and ``real_time_factor_per_core`` of the jobs' CPU time, ``jobs``) and
     ``counts``: the chosen scale's ``Counts`` per subset ({} with nothing to score)."""
     c = GmmDecodeConfig.from_config(cfg)
-    model_dir, graph_dir, data_dir = Path(model_dir), Path(graph_dir), Path(data_dir)
+    model_dir, data_dir = Path(model_dir), Path(data_dir)
+    model, graph, lang = open_decoding(ModelRef(model_dir), graph_dir)
+    utts, skipped = load_data(data_dir, lang, model)
+    found = search_utts(ModelRef(model_dir), model, graph, utts, c, nj, audio_per_job)
+    return write_decode(model, lang, utts, skipped, found, data_dir, out_dir, c)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model a decoding job loads: ``final.mdl`` of ``model_dir``, or with
+    ``speaker_independent`` the alignment model of a SAT pass (Kaldi's ``final.alimdl``,
+    decode_fmllr.sh's first pass)."""
+
+    model_dir: Path
+    speaker_independent: bool = False
+
+    def load(self) -> AcousticModel:
+        return AcousticModel.load(self.model_dir, alignment_model=self.speaker_independent)
+
+
+def open_decoding(ref: ModelRef, graph_dir: Path) -> tuple[AcousticModel, Graph, Lang]:
+    """The model, its graph and the graph's lang dir; a graph built for another tree is an
+    error."""
+    graph_dir = Path(graph_dir)
     graph = load_graph(graph_dir)
-    lang = Lang.read(Path(graph.info["lang_dir"]))
-    model = AcousticModel.load(model_dir)
+    model = ref.load()
     if graph.info["num_pdfs"] != model.num_pdfs:
         raise AsrtrainError(f"{graph_dir}: built for {graph.info['num_pdfs']} pdfs, the model in "
-                            f"{model_dir} has {model.num_pdfs}; rebuild the graph")
-    utts, skipped = load_data(data_dir, lang, model.delta_order)
-    data = DataDir.read(data_dir)
+                            f"{ref.model_dir} has {model.num_pdfs}; rebuild the graph")
+    graph.dir = graph_dir
+    return model, graph, Lang.read(Path(graph.info["lang_dir"]))
+
+
+@dataclass
+class Search:
+    """What the search gives: the words of every utterance per acoustic scale, the best path's
+    transition states (rows of ``graph.tstates``: phone, HMM state, pdf; one per frame) at
+    ``path_scale`` when asked for, and its cost."""
+
+    words: dict[float, dict[str, list[str]]]
+    paths: dict[str, np.ndarray]
+    seconds: float
+    cpu_seconds: float
+    jobs: int
+
+
+def search_utts(ref: ModelRef, model: AcousticModel, graph: Graph, utts: list[Utterance],
+                c: GmmDecodeConfig, nj: int = 1, audio_per_job: float = AUDIO_PER_JOB_S,
+                path_scale: float | None = None) -> Search:
+    """``search_gmm`` over ``utts`` (features already as the model reads them) in up to ``nj``
+    jobs; with ``path_scale``, the best paths at that scale too (for fMLLR estimation)."""
     t0 = time.time()
     shares = job_shares(utts, nj, sum(len(u.feats) for u in utts) * 0.01, audio_per_job)
-    hyps, cpu_seconds = _search_in_jobs(model, model_dir, graph, graph_dir, shares, c)
-    decode_seconds = time.time() - t0
+    words, paths, cpu = _search_in_jobs(model, ref, graph, shares, c, path_scale)
+    return Search(words, paths, time.time() - t0, cpu, len(shares))
+
+
+def write_decode(model: AcousticModel, lang: Lang, utts: list[Utterance],
+                 skipped: Mapping[str, str], found: Search, data_dir: Path, out_dir: Path,
+                 c: GmmDecodeConfig, extra: Mapping | None = None) -> dict:
+    """Time the words of every scale (forced alignment with ``model`` on ``utts``' features),
+    score them, keep the best scale (or the one given) and write the decode dir, with ``extra``
+    in ``decode.json``; returns ``decode_gmm``'s summary."""
+    data_dir = Path(data_dir)
+    hyps = found.words
     align_cfg = {"self_loop_scale": c.self_loop_scale, "transition_scale": c.transition_scale,
                  "device": c.device}
     timed = time_candidates(model, lang, utts, hyps, align_cfg)
+    data = DataDir.read(data_dir)
     scored = score_candidates({s: (hyps[s], timed[s]) for s in hyps}, data, data_dir)
     if scored:
         best = min(scored, key=lambda s: scored[s]["all"].wer)
@@ -247,42 +306,47 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     summary = {"acoustic_scale": best, "selection": how,
                "per_scale": {f"{s:.4f}": counts_json(v) for s, v in scored.items()},
                "utterances": len(utts), "skipped": sorted(skipped), "frames": frames,
-               "decode_seconds": round(decode_seconds, 2), "jobs": len(shares),
-               "cpu_seconds": round(cpu_seconds, 2),
-               "real_time_factor": round(decode_seconds / max(frames * 0.01, 1e-9), 4),
-               "real_time_factor_per_core": round(cpu_seconds / max(frames * 0.01, 1e-9), 4),
-               "settings": asdict(c)}
+               "decode_seconds": round(found.seconds, 2), "jobs": found.jobs,
+               "cpu_seconds": round(found.cpu_seconds, 2),
+               "real_time_factor": round(found.seconds / max(frames * 0.01, 1e-9), 4),
+               "real_time_factor_per_core": round(found.cpu_seconds / max(frames * 0.01, 1e-9),
+                                                  4),
+               "settings": asdict(c), **(extra or {})}
     counts = write_decode_dir(out_dir, hyps[best], timed[best], data, data_dir, summary)
     log.info("decode %s: acoustic scale %.4f (%s); WER %s; real-time factor %.4f per core, "
              "%.4f of the wall time with %d jobs", out_dir, best, how,
              ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()) or "not scored",
-             summary["real_time_factor_per_core"], summary["real_time_factor"], len(shares))
+             summary["real_time_factor_per_core"], summary["real_time_factor"], found.jobs)
     return {**summary, "counts": counts}
 
 
-def _search_in_jobs(model: AcousticModel, model_dir: Path, graph: Graph, graph_dir: Path,
-                    shares: list[list[Utterance]], c: GmmDecodeConfig,
-                    ) -> tuple[dict[float, dict[str, list[str]]], float]:
+def _search_in_jobs(model: AcousticModel, ref: ModelRef, graph: Graph,
+                    shares: list[list[Utterance]], c: GmmDecodeConfig, path_scale: float | None,
+                    ) -> tuple[dict[float, dict[str, list[str]]], dict[str, np.ndarray], float]:
     """``search_gmm`` over each share (here when there is one, else one spawned process per
-    share, which loads the model and the graph itself); the words and the CPU seconds."""
+    share, which loads the model and the graph itself); the words, the paths and the CPU
+    seconds."""
     if len(shares) == 1:
         cpu0 = time.process_time()
-        return search_gmm(model, graph, shares[0], c), time.process_time() - cpu0
-    jobs = [(model_dir, graph_dir, share, c) for share in shares]
+        words, paths = search_gmm(model, graph, shares[0], c, path_scale)
+        return words, paths, time.process_time() - cpu0
+    jobs = [(ref, graph.dir, share, c, path_scale) for share in shares]
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         results = pool.map(_search_job, jobs)
         pool.close()
         pool.join()
-    hyps = {s: {u: w for h, _ in results for u, w in h[s].items()} for s in c.acoustic_scales}
-    return hyps, sum(cpu for _, cpu in results)
+    words = {s: {u: w for (h, _), _ in results for u, w in h[s].items()}
+             for s in c.acoustic_scales}
+    paths = {u: p for (_, ps), _ in results for u, p in ps.items()}
+    return words, paths, sum(cpu for _, cpu in results)
 
 
-def _search_job(args: tuple) -> tuple[dict[float, dict[str, list[str]]], float]:
-    model_dir, graph_dir, utts, c = args
+def _search_job(args: tuple) -> tuple[tuple[dict, dict], float]:
+    ref, graph_dir, utts, c, path_scale = args
     torch.set_num_threads(1)   # nj jobs, one core each
-    model, graph = AcousticModel.load(model_dir), load_graph(graph_dir)
+    model, graph = ref.load(), load_graph(graph_dir)
     cpu0 = time.process_time()
-    return search_gmm(model, graph, utts, c), time.process_time() - cpu0
+    return search_gmm(model, graph, utts, c, path_scale), time.process_time() - cpu0
 
 
 def faster_decoder(hclg: kaldifst.StdVectorFst, beam: float, max_active: int,
@@ -299,16 +363,20 @@ def faster_decoder(hclg: kaldifst.StdVectorFst, beam: float, max_active: int,
 
 
 def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: GmmDecodeConfig,
-               ) -> dict[float, dict[str, list[str]]]:
+               path_scale: float | None = None,
+               ) -> tuple[dict[float, dict[str, list[str]]], dict[str, np.ndarray]]:
     """The 1-best words of every utterance for each acoustic scale (FasterDecoder on the GMM
-    pdf log-likelihoods gathered to ``graph``'s transition states). One utterance's likelihoods
-    at a time (frames x pdfs: a whole test set's would not fit at Switchboard size)."""
+    pdf log-likelihoods gathered to ``graph``'s transition states), and at ``path_scale`` the
+    best path's ``[T, 3]`` transition states (phone, HMM state, pdf per frame), which
+    decode_fmllr.sh's transforms are estimated from. One utterance's likelihoods at a time
+    (frames x pdfs: a whole test set's would not fit at Switchboard size)."""
     hclg = graph.hclg   # the decoder holds a raw pointer to it
     decoder = faster_decoder(hclg, c.beam, c.max_active)
     device = torch.device(c.device)
     gmm = model.gmm.to(device)
     tstate_pdf = graph.tstate_pdf
     out: dict[float, dict[str, list[str]]] = {scale: {} for scale in c.acoustic_scales}
+    paths: dict[str, np.ndarray] = {}
     bar = tqdm(total=len(c.acoustic_scales) * len(utts), desc="decode", unit="utt",
                file=sys.stderr, disable=None, leave=False)
     for u in utts:
@@ -321,11 +389,13 @@ def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: Gmm
                 ok, lat = decoder.get_best_path(use_final_probs=False)
             out[scale][u.utt] = []
             if ok:
-                _, _, olabels, _ = kaldifst.get_linear_symbol_sequence(lat)
+                _, ilabels, olabels, _ = kaldifst.get_linear_symbol_sequence(lat)
                 out[scale][u.utt] = [graph.words.id2sym[o] for o in olabels]
+                if scale == path_scale and len(ilabels) == len(u.feats):
+                    paths[u.utt] = graph.tstates[np.asarray(ilabels, dtype=np.int64) - 1]
             bar.update()
     bar.close()
-    return out
+    return out, paths
 
 
 def time_candidates(model: AcousticModel, lang: Lang, utts: list[Utterance],

@@ -1,6 +1,12 @@
-"""Stage ``align``: the GMM-HMM passes (Kaldi's train_mono.sh, train_deltas.sh) in the recipe's
-order, each decoded on the test sets when ``align.decode`` is set, then the dev set aligned with
-the last pass for the hybrid model's held-out figures; or Kaldi's own alignments imported.
+"""Stage ``align``: the GMM-HMM passes in the recipe's order (Kaldi's train_mono.sh, then by
+each pass's ``type``: train_deltas.sh, train_lda_mllt.sh, train_sat.sh), each decoded on the test
+sets when ``align.decode`` is set (a SAT pass as decode_fmllr.sh: two passes, see
+:mod:`asrtrain.decode.fmllr`), then the dev set aligned with the last pass (align_fmllr.sh when it
+is SAT) for the hybrid model's held-out figures; or Kaldi's own alignments imported.
+
+When the last pass is SAT, or ``align.kaldi_fmllr`` names a Kaldi experiment's ``final.mat`` and
+``trans.*``, a last step writes the speaker-adapted feature dirs ``paths.fmllr_set(set)`` of the
+train, dev and test sets (the hybrid model's ``append: [fmllr]`` input).
 
 Each pass is an inner step keyed by the stage's resume key and the options of the passes up to
 it: a run killed in ``tri2`` resumes at ``tri2``, a change to ``tri2`` keeps ``mono`` and
@@ -48,18 +54,37 @@ def _step(ctx: StageContext, marker: Path, key: str, what: str, work) -> None:
     write_text(marker, key + "\n")
 
 
+#: ``align.passes.NAME.type``: the Kaldi script each pass type follows (the first pass, from
+#: nothing, is a monophone pass whatever its type).
+PASS_TYPES = {"deltas": "train_deltas.sh", "lda_mllt": "train_lda_mllt.sh",
+              "sat": "train_sat.sh"}
+
+
+def pass_type(opts: DictConfig | dict) -> str:
+    """A pass's ``type`` (``deltas`` when not given)."""
+    return opts.get("type") or "deltas"
+
+
+def last_pass_is_sat(cfg: DictConfig) -> bool:
+    """Whether the recipe trains its own passes and the last one is SAT (fMLLR)."""
+    return (cfg.align.source == "train" and bool(cfg.align.passes)
+            and pass_type(list(cfg.align.passes.values())[-1]) == "sat")
+
+
 def _train_pass(ctx: StageContext, name: str, opts: DictConfig) -> None:
-    from asrtrain.align import train_mono, train_tri
+    from asrtrain import align
 
     cfg, paths = ctx.cfg, ctx.paths
     out = paths.align_pass(name)
     gmm = {k: v for k, v in OmegaConf.to_container(opts, resolve=True).items() if k != "from"}
     gmm.setdefault("nj", int(cfg.get("nj", 1)))   # same alignments whatever nj: not in the key
+    data = paths.mfcc_set(cfg.sets.train)
     if opts["from"] is None:
-        summary = train_mono(paths.mfcc_set(cfg.sets.train), paths.lang, out, gmm)
+        summary = align.train_mono(data, paths.lang, out, gmm)
     else:
-        summary = train_tri(paths.mfcc_set(cfg.sets.train), paths.lang,
-                            paths.align_pass(opts["from"]), out, gmm)
+        train = {"deltas": align.train_tri, "lda_mllt": align.train_lda_mllt,
+                 "sat": align.train_sat}[pass_type(opts)]
+        summary = train(data, paths.lang, paths.align_pass(opts["from"]), out, gmm)
     log.info("align %s: %d pdfs, %d Gaussians, %d utterances (%d failed), log-likelihood %.2f "
              "per frame; every iteration in %s", name, summary["num_pdfs"], summary["num_gauss"],
              summary["utterances"], summary["failed"], summary["final_loglike_per_frame"],
@@ -94,9 +119,10 @@ def _decode_pass(ctx: StageContext, name: str) -> None:
 
 def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
                 tuned_on: str | None) -> dict:
-    """Decode and score one set with pass ``name``; report and record its WER (Hub5 scoring,
-    as every system's); return the decoder's summary."""
+    """Decode and score one set with pass ``name`` (a SAT pass in two passes, fMLLR between);
+    report and record its WER (Hub5 scoring, as every system's); return the decoder's summary."""
     from asrtrain.decode import GmmDecodeConfig, note_tuned_on
+    from asrtrain.decode.fmllr import decode_fmllr
     from asrtrain.decode.graph import decode_gmm
     from asrtrain.report import chosen_on, record_result
     from asrtrain.score import describe_scoring, report_wer
@@ -105,7 +131,13 @@ def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
     out, data, dec = (paths.align_pass(name), paths.mfcc_set(set_name),
                       paths.decode_dir(name, set_name))
     log.info("align %s %s: %s", name, set_name, describe_scoring(data))
-    summary = decode_gmm(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj))
+    opts = ctx.cfg.align.passes[name]
+    if pass_type(opts) == "sat":
+        summary = decode_fmllr(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj),
+                               fmllr=_fmllr_options(opts))
+        _log_first_pass(name, set_name, summary)
+    else:
+        summary = decode_gmm(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj))
     if tuned_on:
         note_tuned_on(dec, tuned_on)
     if summary["counts"]:
@@ -117,6 +149,30 @@ def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
     return summary
 
 
+def _fmllr_options(opts: DictConfig) -> dict:
+    """The pass's options that say how its test-time transforms are estimated (Kaldi's
+    decode_fmllr.sh reads them from the same config as train_sat.sh)."""
+    from asrtrain.decode.fmllr import FMLLR_KEYS
+
+    return {k: opts[k] for k in FMLLR_KEYS if k in opts}
+
+
+def _log_first_pass(name: str, set_name: str, summary: dict) -> None:
+    first, final = summary.get("first_pass", {}).get("wer"), summary.get("wer")
+    if first and final:
+        log.info("align %s %s: WER %.2f%% with the speaker-independent model (first pass), "
+                 "%.2f%% after fMLLR", name, set_name, first["all"]["wer"],
+                 final["all"]["wer"])
+
+
+def _align_dev(ctx: StageContext, last: str, dev: Path, where: dict) -> None:
+    """The dev set aligned with the last pass (align_fmllr.sh: with its own transforms when the
+    pass is SAT), for the hybrid model's held-out figures and its fMLLR features."""
+    from asrtrain.align import align_data, align_fmllr
+
+    cfg, paths = ctx.cfg, ctx.paths
+    aligner = align_fmllr if pass_type(cfg.align.passes[last]) == "sat" else align_data
+    aligner(paths.mfcc_set(cfg.sets.dev), paths.lang, paths.align_pass(last), dev, where)
 
 
 def run(ctx: StageContext) -> None:
@@ -128,12 +184,12 @@ def run(ctx: StageContext) -> None:
             raise AsrtrainError("align.source=kaldi needs align.kaldi_dir (an ali-to-pdf dir)")
         import_kaldi_alignment(Path(cfg.align.kaldi_dir), paths.align_pass("kaldi"),
                                cfg.align.num_pdfs)
-        return
-    _run_passes(ctx)  # its per-iteration details go to the stage log only (STAGE_LOG_ONLY)
+    else:
+        _run_passes(ctx)  # its per-iteration details go to the stage log only (STAGE_LOG_ONLY)
+    _fmllr_sets(ctx)
 
 
 def _run_passes(ctx: StageContext) -> None:
-    from asrtrain.align import align_data
     from asrtrain.decode import tuning_set
 
     cfg, paths = ctx.cfg, ctx.paths
@@ -152,26 +208,97 @@ def _run_passes(ctx: StageContext) -> None:
     dev = Path(final_alignments(cfg, paths)["dev"])
     where = {"nj": int(cfg.get("nj", 1)), "device": passes[last].get("device", "cpu")}
     _step(ctx, dev / ".done", ctx.step_key("align dev", chain), dev.name,
-          lambda: align_data(paths.mfcc_set(cfg.sets.dev), paths.lang, paths.align_pass(last),
-                             dev, where))
+          lambda: _align_dev(ctx, last, dev, where))
+
+
+def fmllr_sets(cfg: DictConfig) -> list[str]:
+    """The sets whose fMLLR feature dirs the stage writes: train, dev and the test sets, when
+    the last pass is SAT or ``align.kaldi_fmllr`` is given; none otherwise."""
+    if not (last_pass_is_sat(cfg) or cfg.align.get("kaldi_fmllr")):
+        return []
+    return [str(cfg.sets.train), str(cfg.sets.dev), *(str(t) for t in cfg.sets.test)]
+
+
+def _fmllr_sets(ctx: StageContext) -> None:
+    """One inner step per set: ``paths.fmllr_set(set)``, from Kaldi's matrices when
+    ``align.kaldi_fmllr`` is given, else from the last (SAT) pass's transforms."""
+    cfg, paths = ctx.cfg, ctx.paths
+    kaldi = OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True) \
+        if cfg.align.get("kaldi_fmllr") else None
+    passes = OmegaConf.to_container(cfg.align.passes, resolve=True) \
+        if cfg.align.source == "train" else {}
+    for set_name in fmllr_sets(cfg):
+        out = paths.fmllr_set(set_name)
+        key = ctx.step_key("fmllr", set_name, kaldi or list(passes.items()),
+                           bool(cfg.align.decode), [str(t) for t in cfg.sets.test])
+        _step(ctx, out / ".done", key, out.name,
+              lambda s=set_name, out=out: _write_fmllr_set(ctx, s, out, kaldi))
+
+
+def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | None) -> None:
+    from asrtrain.decode.fmllr import (
+        import_kaldi_fmllr,
+        read_transforms,
+        undecoded_transforms,
+        write_fmllr_set,
+    )
+
+    cfg, paths = ctx.cfg, ctx.paths
+    data = paths.mfcc_set(set_name)
+    if kaldi is not None:
+        import_kaldi_fmllr(data, out, kaldi, set_name)
+        return
+    last = list(cfg.align.passes)[-1]
+    model_dir = paths.align_pass(last)
+    if set_name == str(cfg.sets.train):
+        trans = read_transforms(model_dir)
+    elif set_name == str(cfg.sets.dev):
+        trans = read_transforms(Path(final_alignments(cfg, paths)["dev"]))
+    elif cfg.align.decode:
+        trans = read_transforms(paths.decode_dir(last, set_name))
+    else:   # no decoding: the first pass and the estimation only, to get the transforms
+        trans = undecoded_transforms(model_dir, model_dir / "graph", data, paths.lang,
+                                    paths.lm, _fmllr_options(cfg.align.passes[last]),
+                                    nj=int(cfg.nj))
+    write_fmllr_set(model_dir, data, out, trans)
 
 
 def check(cfg: DictConfig) -> None:
     if cfg.align.source not in ("train", "kaldi"):
         raise AsrtrainError(f"align.source={cfg.align.source!r}: expected train or kaldi")
     if cfg.align.source == "train":
-        if not cfg.align.passes:
-            raise AsrtrainError("align.passes is empty: give at least a mono pass")
-        names = list(cfg.align.passes)
-        for i, (name, opts) in enumerate(cfg.align.passes.items()):
-            src = opts.get("from")
-            if (src is None) != (i == 0) or (src is not None and src not in names[:i]):
-                raise AsrtrainError(f"align.passes.{name}.from={src!r}: the first pass starts "
-                                    "from nothing (null), every later one from an earlier pass")
+        _check_passes(cfg)
+    if cfg.align.get("kaldi_fmllr"):
+        from asrtrain.decode.fmllr import check_kaldi_fmllr
+
+        check_kaldi_fmllr(OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True),
+                          fmllr_sets(cfg))
     if cfg.align.decode:
         from asrtrain.decode import tuning_set
 
         tuning_set(cfg)
+
+
+def _check_passes(cfg: DictConfig) -> None:
+    """Every pass after the first starts from an earlier one; its type is known; a SAT pass
+    starts from an LDA+MLLT or SAT pass (train_sat.sh needs the ``final.mat`` it adapts)."""
+    if not cfg.align.passes:
+        raise AsrtrainError("align.passes is empty: give at least a mono pass")
+    names = list(cfg.align.passes)
+    for i, (name, opts) in enumerate(cfg.align.passes.items()):
+        src = opts.get("from")
+        if (src is None) != (i == 0) or (src is not None and src not in names[:i]):
+            raise AsrtrainError(f"align.passes.{name}.from={src!r}: the first pass starts "
+                                "from nothing (null), every later one from an earlier pass")
+        kind = opts.get("type") or "deltas"
+        if kind not in PASS_TYPES:
+            raise AsrtrainError(f"align.passes.{name}.type={kind!r}: expected one of "
+                                f"{', '.join(PASS_TYPES)}")
+        if kind == "sat" and src is not None and \
+                pass_type(cfg.align.passes[src]) not in ("lda_mllt", "sat"):
+            raise AsrtrainError(f"align.passes.{name}.type=sat: its from pass {src!r} is of "
+                                f"type {pass_type(cfg.align.passes[src])!r}; SAT adapts "
+                                "LDA+MLLT features: start it from an lda_mllt or sat pass")
 
 
 def _config(cfg: DictConfig) -> dict:
@@ -185,5 +312,6 @@ def _config(cfg: DictConfig) -> dict:
 
 
 STAGE = Stage("align", run, reads=("mfcc", "lang", "lm"), config=_config,
-              resumable=("align.passes", "align.tune_on"), check=check,
-              doc="GMM-HMM passes (mono, tri1, tri2), pdf alignments, HCLG decoding of each")
+              resumable=("align.passes", "align.tune_on", "align.kaldi_fmllr"), check=check,
+              doc="GMM-HMM passes (mono, tri1..tri4: deltas, LDA+MLLT, SAT), pdf alignments, "
+                  "HCLG decoding of each, fMLLR feature dirs")
