@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from asrtrain import AsrtrainError
-from asrtrain.align.gmm import LOG_2PI, DiagGmmSet
+
+if TYPE_CHECKING:   # asrtrain.align builds on asrtrain.adapt: no import at run time (a cycle)
+    from asrtrain.align.gmm import DiagGmmSet
+
+LOG_2PI = math.log(2 * math.pi)
 
 
 @dataclass
