@@ -50,7 +50,6 @@ from asrtrain.align.train import (
     TRI_DEFAULTS,
     GmmConfig,
     _aligned_utterances,
-    _global_stats,
     _PassLog,
     _train_iters,
     _tree_model,
@@ -182,21 +181,21 @@ def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
     ali_dir, out_dir = Path(ali_dir), Path(out_dir)
     prev_model = AcousticModel.load(ali_dir)
     utts, skipped = read_utterances(data_dir, lang)
+    base = {u.utt: u.feats for u in utts}   # CMN'd MFCCs (52 bytes a frame, not 160)
     for u in utts:
         u.feats = model_features(prev_model, u.feats)
     plog = _PassLog(out_dir, out_dir.name)
     utts, prev = _aligned_utterances(utts, skipped, ali_dir, plog, c)
-    si = {u.utt: u.feats for u in utts}
     transforms = _initial_transforms(prev_model, utts, ali_dir, lang, c, plog)
     adapt_utterances(utts, transforms, where=str(data_dir))
     model, tsum = _tree_model(utts, prev, lang, ali_dir, c, plog)
     model.delta_order, model.splice = prev_model.delta_order, prev_model.splice
     model.lda_mllt, model.sat = prev_model.lda_mllt, True
-    update = _FmllrUpdate(utts, si, transforms, silence_pdfs(model.tree, lang), c, plog)
+    update = _FmllrUpdate(utts, base, transforms, silence_pdfs(model.tree, lang), c, plog)
     res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
                        c, c.num_gauss, plog, GraphCache(c.graph_cache_mb), update)
     t0 = time.time()
-    alimdl = alignment_model(model, utts, si, res.phone_state, c)
+    alimdl = alignment_model(model, utts, base, res.phone_state, c)
     plog(f"final.alimdl (speaker-independent) estimated in {time.time() - t0:.1f} s")
     summary = {"kind": "sat", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
                "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
@@ -231,12 +230,12 @@ def _initial_transforms(prev_model: AcousticModel, utts: list[Utterance], ali_di
 class _FmllrUpdate:
     """The SAT pass's iteration hook: at ``fmllr_iters``, transforms estimated on the current
     adapted features with the current model and alignment, composed with the old ones, and the
-    features re-adapted from the unadapted ones."""
+    features re-adapted from the unadapted ones (made again from the CMN'd MFCCs ``base``)."""
 
-    def __init__(self, utts: list[Utterance], si: Mapping[str, np.ndarray],
+    def __init__(self, utts: list[Utterance], base: Mapping[str, np.ndarray],
                  transforms: dict[str, np.ndarray], silence: np.ndarray, c: GmmConfig,
                  plog: _PassLog) -> None:
-        self.utts, self.si, self.transforms = utts, si, transforms
+        self.utts, self.base, self.transforms = utts, base, transforms
         self.silence, self.c, self.plog = silence, c, plog
         self.improvements: list[float] = []
 
@@ -251,7 +250,8 @@ class _FmllrUpdate:
         new = estimate_transforms(model, self.utts, pdfs, self.silence, self.c, report=rep)
         self.transforms.update(compose_transforms(new, self.transforms))
         for u in self.utts:
-            u.feats = adapt_features(self.si[u.utt], self.transforms[u.speaker])
+            u.feats = adapt_features(model_features(model, self.base[u.utt]),
+                                     self.transforms[u.speaker])
         gain = rep["objf_improvement_per_frame"]
         self.improvements.append(gain)
         self.plog(f"iter {it}: fMLLR objective +{gain:.4f} per frame, {rep['speakers']} "
@@ -259,11 +259,12 @@ class _FmllrUpdate:
         return {"fmllr_objf_improvement": gain, "fmllr_seconds": round(time.time() - t0, 3)}
 
 
-def alignment_model(model: AcousticModel, utts: list[Utterance], si: Mapping[str, np.ndarray],
+def alignment_model(model: AcousticModel, utts: list[Utterance], base: Mapping[str, np.ndarray],
                     phone_state: Mapping[str, np.ndarray], c: GmmConfig) -> AcousticModel:
     """``final.alimdl``: ``gmm-acc-stats-twofeats`` (component posteriors of ``model`` on the
-    adapted features ``u.feats``, statistics of the unadapted ones ``si``) and one ``gmm-est``
-    from the final model (low-count Gaussians kept), same tree and transitions."""
+    adapted features ``u.feats``, statistics of the unadapted ones, made from the CMN'd MFCCs
+    ``base``) and one ``gmm-est`` from the final model (low-count Gaussians kept, the variance
+    floor from the unadapted features' global variance), same tree and transitions."""
     device = torch.device(c.device)
     gmm = model.gmm.to(device)
     stats = gmm.zero_stats()
@@ -273,12 +274,13 @@ def alignment_model(model: AcousticModel, utts: list[Utterance], si: Mapping[str
             continue
         pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))).to(device)
         post = component_posteriors(gmm, torch.from_numpy(u.feats).to(device), pdf).post
-        x = torch.from_numpy(si[u.utt]).to(device).double()
+        x = torch.from_numpy(model_features(model, base[u.utt])).to(device).double()
         stats.occ.index_add_(0, pdf, post)
         stats.sx.index_add_(0, pdf, post[:, :, None] * x[:, None, :])
         stats.sxx.index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
-    var_floor = c.var_floor_factor * _global_stats(
-        [Utterance(u.utt, [], si[u.utt]) for u in utts])[1]
+    n = stats.occ.sum().clamp(min=1.0)
+    mean = stats.sx.sum((0, 1)) / n
+    var_floor = (c.var_floor_factor * (stats.sxx.sum((0, 1)) / n - mean * mean)).cpu().numpy()
     si_gmm = DiagGmmSet(gmm.means.clone(), gmm.vars.clone(), gmm.log_weights.clone())
     si_gmm.update(stats, torch.from_numpy(var_floor).to(device), c.min_gaussian_occupancy)
     return AcousticModel(model.tree, si_gmm.to("cpu"), model.log_trans, model.delta_order,

@@ -451,7 +451,8 @@ def _estimate_lda(utts: list[Utterance], prev: Mapping[str, np.ndarray], ali_dir
     pdfs = read_int_table(ali_dir / "ali.scp")
     num_classes = int((ali_dir / "num_pdfs").read_text().split()[0])
     spliced_dim = utts[0].feats.shape[1] * (splice[0] + 1 + splice[1])
-    stats = LdaStats.zeros(num_classes, spliced_dim)
+    device = torch.device(c.device)
+    stats = LdaStats.zeros(num_classes, spliced_dim, device)
     silence = silence_phone_mask(lang)
     for u in utts:
         pdf = pdfs.get(u.utt)
@@ -459,17 +460,18 @@ def _estimate_lda(utts: list[Utterance], prev: Mapping[str, np.ndarray], ali_dir
             continue
         w = frame_weights(prev[u.utt], silence, c.silence_weight)
         keep = w > 0
-        x = splice_frames(torch.from_numpy(u.feats), *splice)[torch.from_numpy(keep)]
-        stats.accumulate(x, torch.from_numpy(pdf[keep].astype(np.int64)),
-                         torch.from_numpy(w[keep]))
+        x = splice_frames(torch.from_numpy(u.feats).to(device), *splice)[
+            torch.from_numpy(keep).to(device)]
+        stats.accumulate(x, torch.from_numpy(pdf[keep].astype(np.int64)).to(device),
+                         torch.from_numpy(w[keep]).to(device))
     res = estimate_lda(stats, c.dim)
     info = {"dim": c.dim, "spliced_dim": spliced_dim, "classes": int((stats.count > 0).sum()),
             "frames": float(stats.count.sum()), "seconds": round(time.time() - t0, 3),
-            "top_eigenvalues": [round(float(v), 4) for v in res.eigenvalues[:5]]}
+            "top_eigenvalues": [round(float(v), 4) for v in res.eigenvalues[:5].tolist()]}
     plog(f"LDA: {spliced_dim} -> {c.dim} dims on {info['classes']} classes, "
          f"{info['frames']:.0f} frames (silence weight {c.silence_weight}) in "
          f"{info['seconds']} s")
-    return res.matrix.numpy(), info
+    return res.matrix.cpu().numpy(), info
 
 
 class _MlltUpdate:
@@ -490,20 +492,22 @@ class _MlltUpdate:
         if it not in self.c.mllt_iters:
             return None
         t0 = time.time()
-        stats = MlltStats.zeros(model.gmm.dim)
+        device = torch.device(self.c.device)
+        gmm = model.gmm.to(device)
+        stats = MlltStats.zeros(gmm.dim, device)
         for u in self.utts:
             ps = phone_state.get(u.utt)
             if ps is None:
                 continue
             w = frame_weights(ps, self.silence, self.c.silence_weight)
-            keep = torch.from_numpy(w > 0)
-            pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps)))[keep]
-            x = torch.from_numpy(u.feats)[keep]
-            stats.accumulate(x, component_posteriors(model.gmm, x, pdf,
-                                                     torch.from_numpy(w)[keep]),
+            keep = w > 0
+            pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))[keep]).to(device)
+            x = torch.from_numpy(u.feats[keep]).to(device)
+            stats.accumulate(x, component_posteriors(gmm, x, pdf,
+                                                     torch.from_numpy(w[keep]).to(device)),
                              self.c.max_batch_mb)
         est = estimate_mllt(stats)
-        m = est.matrix
+        m = est.matrix.cpu()
         g = model.gmm
         model.gmm = DiagGmmSet(transform_means(g.means, m), g.vars, g.log_weights)
         model.lda_mllt = compose(m, torch.from_numpy(model.lda_mllt)).numpy()
