@@ -25,6 +25,7 @@ from asrtrain.adapt.ivector import (
     PosteriorOptions,
     carry_state,
     extract_online,
+    online_ivectors,
     online_stats,
     utterance_stats,
 )
@@ -234,6 +235,23 @@ def test_online_rows_are_ceil_and_row_k_has_seen_frames_up_to_k_period(frames, r
     assert out.shape == (rows, 5) == (expected_rows(frames, 10), 5)
     last = ext.extract(utterance_stats(ubm, [x[:10 * (rows - 1) + 1]], opts)[0])[0]
     assert torch.allclose(out[-1], last, atol=1e-9)
+
+
+@pytest.mark.parametrize("frames", [1, 10, 20, 451])
+def test_the_sparse_online_estimator_equals_the_dense_statistics(frames) -> None:
+    """``online_ivectors`` (per-row increments of the selected components, as Kaldi's online
+    estimator) gives ``extract_online``'s rows and the last row's statistics, with a carried
+    state too."""
+    ubm, ext = small_model(dim=4, gauss=16, rank=6)
+    g = torch.Generator().manual_seed(frames)
+    before = 3 * torch.randn(55, 4, generator=g, dtype=torch.float64)
+    opts = PosteriorOptions(num_gselect=3, posterior_scale=0.1)
+    state = carry_state(online_stats(ubm, before, opts, 10), 1000, 0.1)
+    x = 3 * torch.randn(frames, 4, generator=g, dtype=torch.float64)
+    rows, last = online_ivectors(ext, ubm, x, opts, 10, state)
+    assert torch.allclose(rows, extract_online(ext, ubm, x, opts, 10, state), atol=1e-10)
+    dense = online_stats(ubm, x, opts, 10, state)
+    assert torch.allclose(last.gamma, dense.gamma[-1:]) and torch.allclose(last.X, dense.X[-1:])
 
 
 def test_carried_state_is_the_last_row_scaled_to_max_remembered_frames() -> None:

@@ -35,7 +35,7 @@ from asrtrain.adapt.ivector import (
     PosteriorOptions,
     UttStats,
     carry_state,
-    online_stats,
+    online_ivectors,
     train_diag_ubm,
     train_ivector_extractor,
     utterance_stats,
@@ -266,9 +266,9 @@ def extract_set(frames: SetFrames, ubm: DiagUbm, ext: IvectorExtractor, opts: di
         for group in groups:
             state = None
             for utt in group:
-                stats = online_stats(ubm, frames(utt).to(device), posteriors, period, state)
-                rows[utt] = ext.extract(stats).float().cpu().numpy()
-                state = carry_state(stats, float(opts["max_remembered_frames"]),
+                ivs, last = online_ivectors(ext, ubm, frames(utt), posteriors, period, state)
+                rows[utt] = ivs.float().cpu().numpy()
+                state = carry_state(last, float(opts["max_remembered_frames"]),
                                     posteriors.posterior_scale)
                 bar.update()
     seconds = time.time() - t0
@@ -346,7 +346,9 @@ def _kaldi_matrix(scp: Path, table: dict[str, str], utt: str) -> np.ndarray:
     if utt not in table:
         raise AsrtrainError(f"{scp}: no i-vectors for utterance {utt} of the data dir")
     spec = table[utt]
-    if not Path(spec.rsplit(":", 1)[0]).is_absolute():   # Kaldi writes absolute arks
+    ark = Path(spec.rsplit(":", 1)[0])
+    if not ark.is_absolute() and not ark.exists():
+        # Kaldi writes absolute paths; a relative one is tried from here, then beside the scp
         spec = str(scp.parent / spec)
     try:
         m = np.asarray(kaldiio.load_mat(spec), dtype=np.float32)
