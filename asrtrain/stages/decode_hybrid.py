@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain.pipeline import Stage, StageContext, select
-from asrtrain.stages.train_hybrid import hybrid_config, ivector_stage
+from asrtrain.stages.train_hybrid import hybrid_config
 
 log = logging.getLogger("asrtrain")
 
@@ -89,8 +89,8 @@ def _config(cfg: DictConfig) -> dict:
     return {"hybrid.decode": select(cfg, "hybrid.decode"), **tuning_config(cfg)}
 
 
-# ``ivectors``: the test sets' i-vectors (when the stage exists and the recipe runs it)
+# ``ivectors``: the test sets' i-vectors, when the recipe runs the stage
 STAGE = Stage("decode_hybrid", run,
-              reads=("train_hybrid", "align", "lm", "lang", "features", *ivector_stage()),
+              reads=("train_hybrid", "align", "lm", "lang", "features", "ivectors"),
               config=_config, check=check,
               doc="hybrid decoding through HCLG, LM-weight sweep, scoring of the test sets")

@@ -94,16 +94,9 @@ def _settings(cfg: DictConfig) -> dict:
     return out
 
 
-def ivector_stage() -> tuple[str, ...]:
-    """``ivectors`` (the input's i-vectors; read when the recipe runs it, as a stage absent
-    from a recipe counts as absent), once the stage table has it (issue 13 adds it beside this
-    change; the fMLLR features are the align stage's)."""
-    import importlib.util
-
-    return ("ivectors",) if importlib.util.find_spec("asrtrain.stages.ivectors") else ()
-
-
-STAGE = Stage("train_hybrid", run, reads=("align", "features", *ivector_stage()),
+# ``ivectors``: the input's i-vectors, read when the recipe runs the stage (a stage absent from a
+# recipe counts as absent); the fMLLR features are the align stage's.
+STAGE = Stage("train_hybrid", run, reads=("align", "features", "ivectors"),
               config=_settings,
               ignored=trainer_keys("trainer")[0], resumable=trainer_keys("trainer")[1],
               check=_check, verify=_verify,
