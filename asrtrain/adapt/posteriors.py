@@ -41,14 +41,21 @@ def component_posteriors(gmm: DiagGmmSet, x: torch.Tensor, pdf: torch.Tensor,
         raise AsrtrainError(f"posteriors: pdf id {int(pdf.max())} out of range "
                             f"(the GMM has {gmm.num_pdfs} pdfs)")
     x = x.to(gmm.means)
-    var = gmm.vars[pdf]
-    means = gmm.means[pdf]
+    m = _slots_used(gmm)   # mixing up pads every pdf to the largest count ever reached
+    var = gmm.vars[pdf, :m]
+    means = gmm.means[pdf, :m]
     diff = x[:, None, :] - means
-    ll = gmm.log_weights[pdf] - 0.5 * (gmm.dim * LOG_2PI + var.log().sum(-1)
-                                       + (diff * diff / var).sum(-1))
+    ll = gmm.log_weights[pdf, :m] - 0.5 * (gmm.dim * LOG_2PI + var.log().sum(-1)
+                                           + (diff * diff / var).sum(-1))
     post = torch.softmax(ll, dim=-1).nan_to_num(0.0)
     if weight is not None:
         post = post * weight.to(post)[:, None]
-    ids = pdf[:, None] * gmm.means.shape[1] + torch.arange(gmm.means.shape[1],
-                                                          device=pdf.device)
+    ids = pdf[:, None] * gmm.means.shape[1] + torch.arange(m, device=pdf.device)
     return FrameGaussians(post, means, var, ids)
+
+
+def _slots_used(gmm: DiagGmmSet) -> int:
+    """Component slots up to the last live one of any pdf (slots past it are never read)."""
+    live = torch.isfinite(gmm.log_weights)
+    slot = torch.arange(1, live.shape[1] + 1, device=live.device)
+    return max(int((live * slot).amax()), 1) if live.numel() else 1

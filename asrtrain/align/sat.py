@@ -54,6 +54,8 @@ from asrtrain.align.train import (
     _train_iters,
     _tree_model,
     _write,
+    batch_frames,
+    frame_batches,
 )
 from asrtrain.align.tree import Tree
 from asrtrain.lang.lexicon import Lang
@@ -105,15 +107,17 @@ def estimate_transforms(model: AcousticModel, utts: list[Utterance],
     dim = gmm.dim
     per_spk = 3 * dim * (dim + 1) ** 2 * 8            # G, its inverse, work: float64
     group = max(1, int(opt["max_batch_mb"] * 2 ** 20 // per_spk))
+    batch = batch_frames(gmm, opt["max_batch_mb"])
     out: dict[str, np.ndarray] = {}
     tot = {"speakers": len(speakers), "identity": 0, "frames": 0.0, "gain": 0.0}
     for i in range(0, len(speakers), group):
         names = speakers[i:i + group]
         stats = FmllrStats.zeros(len(names), dim, device)
         for j, spk in enumerate(names):
-            for u in by_spk[spk]:
-                _accumulate_fmllr(stats, j, u, pdf_alignments, sil, gmm, post_gmm,
-                                  opt["silence_weight"], device)
+            frames = (_weighted_frames(u, pdf_alignments, sil, opt["silence_weight"])
+                      for u in by_spk[spk])
+            for x, pdf, w in frame_batches(frames, batch):
+                _accumulate_fmllr(stats, j, x, pdf, w, gmm, post_gmm, device)
         res = estimate_fmllr(stats, int(opt["fmllr_num_iters"]), float(opt["fmllr_min_count"]),
                              names)
         for j, spk in enumerate(names):
@@ -136,28 +140,34 @@ def _options(cfg: Mapping | GmmConfig | None) -> dict:
     return {k: d.get(k, getattr(_FMLLR_DEFAULTS, k)) for k in keys}
 
 
-def _accumulate_fmllr(stats: FmllrStats, spk: int, u: Utterance,
-                      pdf_alignments: Mapping[str, np.ndarray], silence: np.ndarray,
-                      gmm: DiagGmmSet, post_gmm: DiagGmmSet, silence_weight: float,
-                      device: torch.device) -> None:
-    """Add one utterance's non-silence (or weighted) frames to speaker ``spk``'s statistics."""
+def _weighted_frames(u: Utterance, pdf_alignments: Mapping[str, np.ndarray],
+                     silence: np.ndarray, silence_weight: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An utterance's frames with weight > 0, their pdfs and weights (none if unaligned)."""
     pdf = pdf_alignments.get(u.utt)
     if pdf is None:
-        return
+        return u.feats[:0], np.zeros(0, np.int64), np.zeros(0)
     pdf = np.asarray(pdf, dtype=np.int64)
     if len(pdf) != len(u.feats):
         raise AsrtrainError(f"fMLLR: utterance {u.utt} has {len(pdf)} aligned frames, its "
                             f"features {len(u.feats)}")
     w = np.where(silence[pdf], silence_weight, 1.0)
     keep = w > 0
-    if not keep.any():
-        return
-    x = torch.from_numpy(u.feats[keep]).to(device)
-    p = torch.from_numpy(pdf[keep]).to(device)
-    g = component_posteriors(post_gmm, x, p, torch.from_numpy(w[keep]).to(device))
+    return u.feats[keep], pdf[keep], w[keep]
+
+
+def _accumulate_fmllr(stats: FmllrStats, spk: int, x: np.ndarray, pdf: np.ndarray,
+                      w: np.ndarray, gmm: DiagGmmSet, post_gmm: DiagGmmSet,
+                      device: torch.device) -> None:
+    """Add weighted frames to speaker ``spk``'s statistics: Gaussians of ``gmm``, their
+    posteriors from ``post_gmm``."""
+    xt = torch.from_numpy(x).to(device)
+    p = torch.from_numpy(pdf).to(device)
+    g = component_posteriors(post_gmm, xt, p, torch.from_numpy(w).to(device))
     if post_gmm is not gmm:
-        g = FrameGaussians(g.post, gmm.means[p], gmm.vars[p])
-    stats.accumulate(x, g, spk)
+        m = g.post.shape[1]
+        g = FrameGaussians(g.post, gmm.means[p, :m], gmm.vars[p, :m])
+    stats.accumulate(xt, g, spk)
 
 
 def compose_transforms(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]

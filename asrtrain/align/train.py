@@ -23,7 +23,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -474,6 +474,32 @@ def _estimate_lda(utts: list[Utterance], prev: Mapping[str, np.ndarray], ali_dir
     return res.matrix.cpu().numpy(), info
 
 
+def batch_frames(gmm: DiagGmmSet, max_batch_mb: float) -> int:
+    """Frames per batch of Gaussian-posterior statistics (MLLT, fMLLR, ``[frames, components,
+    dim]`` float64 work tensors, about four of them) within ``max_batch_mb``."""
+    live = torch.isfinite(gmm.log_weights).sum(-1)
+    per_frame = 4 * 8 * max(int(live.max()) if live.numel() else 1, 1) * gmm.dim
+    return max(1, int(max_batch_mb * 2 ** 20 // per_frame))
+
+
+def frame_batches(items: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], frames: int
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(feats, pdfs, weights)`` of utterances joined into batches of about ``frames`` frames
+    (one call per batch, not per utterance: the statistics' cost per call is mostly fixed)."""
+    buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    n = 0
+    for item in items:
+        if not len(item[0]):
+            continue
+        buf.append(item)
+        n += len(item[0])
+        if n >= frames:
+            yield tuple(np.concatenate(parts) for parts in zip(*buf, strict=True))
+            buf, n = [], 0
+    if buf:
+        yield tuple(np.concatenate(parts) for parts in zip(*buf, strict=True))
+
+
 class _MlltUpdate:
     """The LDA+MLLT pass's iteration hook (``gmm-acc-mllt``, ``est-mllt``,
     ``gmm-transform-means``, ``compose-transforms``): at ``mllt_iters``, MLLT statistics from
@@ -495,17 +521,14 @@ class _MlltUpdate:
         device = torch.device(self.c.device)
         gmm = model.gmm.to(device)
         stats = MlltStats.zeros(gmm.dim, device)
-        for u in self.utts:
-            ps = phone_state.get(u.utt)
-            if ps is None:
-                continue
-            w = frame_weights(ps, self.silence, self.c.silence_weight)
-            keep = w > 0
-            pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))[keep]).to(device)
-            x = torch.from_numpy(u.feats[keep]).to(device)
-            stats.accumulate(x, component_posteriors(gmm, x, pdf,
-                                                     torch.from_numpy(w[keep]).to(device)),
-                             self.c.max_batch_mb)
+        batches = frame_batches(self._frames(model, phone_state),
+                                batch_frames(gmm, self.c.max_batch_mb))
+        for feats, pdf, w in tqdm(batches, desc=f"{self.plog.name} iter {it}: MLLT",
+                                  unit="batch", file=sys.stderr, disable=None, leave=False):
+            x = torch.from_numpy(feats).to(device)
+            post = component_posteriors(gmm, x, torch.from_numpy(pdf).to(device),
+                                        torch.from_numpy(w).to(device))
+            stats.accumulate(x, post, self.c.max_batch_mb)
         est = estimate_mllt(stats)
         m = est.matrix.cpu()
         g = model.gmm
@@ -520,6 +543,16 @@ class _MlltUpdate:
                   f"{stats.beta:.0f} frames (log|det| {logdet:.3f}) in {time.time() - t0:.1f} s")
         return {"mllt_objf_improvement": est.improvement, "mllt_logdet": logdet,
                 "mllt_seconds": round(time.time() - t0, 3)}
+
+    def _frames(self, model: AcousticModel, phone_state: Mapping[str, np.ndarray]):
+        """Per aligned utterance: its non-silence (weight > 0) frames, their pdfs, weights."""
+        for u in self.utts:
+            ps = phone_state.get(u.utt)
+            if ps is None:
+                continue
+            w = frame_weights(ps, self.silence, self.c.silence_weight)
+            keep = w > 0
+            yield u.feats[keep], pdfs_of(model.tree, frame_contexts(ps))[keep], w[keep]
 
 
 def _write(out_dir: Path, model: AcousticModel, lang: Lang, res: AlignResult, plog: _PassLog,
