@@ -282,3 +282,29 @@ def test_hybrid_trains_and_decodes_on_the_260_dim_input(aligned: Path) -> None:
     with pytest.raises(AssertionError, match="appends fmllr, ivector .*transcribe cannot"):
         asrtrain("transcribe", "--exp", str(exp), "--system", "hybrid", "--channel", "A",
                  str(wav))
+
+
+def test_hybrid_reads_the_ivectors_stage_output(aligned: Path) -> None:
+    """The same input with the i-vectors of the real ivectors stage (its tiny config), run as a
+    stage of the recipe that train_hybrid reads; fMLLR still written by the test."""
+    exp = aligned
+    write_tiny_streams(exp)
+    stages = "stages=[prepare,lang,features,lm,mfcc,align,ivectors,train_hybrid,decode_hybrid]"
+    out = asrtrain("run", "recipes/tiny", "--stage", "ivectors", f"exp_dir={exp}", stages,
+                   *SMALL, *ALIGN_SMALL, *HYBRID_SMALL, "+features@hybrid.features=ibm260",
+                   "hybrid.model.name=hybrid_260_iv")
+    assert "stage ivectors" in out.stderr and "stage train_hybrid" in out.stderr
+    record = json.loads((exp / ".done" / "train_hybrid").read_text())
+    assert "ivectors" in record["inputs"]
+    period = int((exp / "ivectors" / "train_nodup" / "ivector_period").read_text())
+    reader = FeatureReader(exp / "data" / "eval2000", 2, True,
+                           streams=stream_dirs(Paths(exp), "eval2000", ["fmllr", "ivector"]))
+    utt = reader.utts[0]
+    rows = kaldiio.load_scp(str(exp / "ivectors" / "eval2000" / "ivector_online.scp"))[utt]
+    x = reader[utt]
+    assert x.shape[1] == 260
+    np.testing.assert_allclose(x[:, 160:], rows[np.arange(len(x)) // period], rtol=1e-6)
+    final = torch.load(exp / "train" / "hybrid_260_iv" / "final.pt", map_location="cpu",
+                       weights_only=False)
+    assert final["input_dim"] == 260
+    assert (exp / "decode" / "hybrid_260_iv" / "eval2000" / "decode.json").is_file()
