@@ -17,9 +17,17 @@ import pytest
 import torch
 
 from asrtrain.adapt.splice import splice_frames
-from asrtrain.align.model import AcousticModel, adapt_features, model_features, read_transforms
+from asrtrain.align.model import (
+    AcousticModel,
+    adapt_features,
+    load_data,
+    model_features,
+    read_transforms,
+)
 from asrtrain.data.datadir import DataDir
+from asrtrain.decode import GmmDecodeConfig
 from asrtrain.decode.fmllr import undecoded_transforms
+from asrtrain.decode.graph import ModelRef, open_decoding, search_utts
 from asrtrain.features.reader import FeatureReader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +152,24 @@ def test_undecoded_set_gets_first_pass_transforms(exp: Path) -> None:
     for w in trans.values():
         assert w.shape == (40, 41) and np.isfinite(w).all()
     assert any(np.abs(w - eye).max() > 1e-3 for w in trans.values())
+
+
+def test_first_pass_paths_are_the_same_in_jobs(exp: Path) -> None:
+    """The speaker-independent first pass in 2 spawned jobs (each loads final.alimdl) gives the
+    words and the best paths (the fMLLR statistics' input) of one process."""
+    tri4 = exp / "align" / "tri4"
+    ref = ModelRef(tri4, speaker_independent=True)
+    model, graph, lang = open_decoding(ref, tri4 / "graph")
+    utts, _ = load_data(exp / "data" / "eval2000_mfcc", lang, model)
+    c = GmmDecodeConfig(acoustic_scales=(1 / 12,))
+    one = search_utts(ref, model, graph, utts, c, nj=1, path_scale=1 / 12)
+    two = search_utts(ref, model, graph, utts, c, nj=2, audio_per_job=1.0, path_scale=1 / 12)
+    assert two.jobs == 2 and one.jobs == 1
+    assert two.words == one.words
+    assert set(two.paths) == set(one.paths) and len(one.paths) >= len(utts) - 2
+    for u, path in one.paths.items():
+        assert path.shape == (len(next(x for x in utts if x.utt == u).feats), 3)
+        np.testing.assert_array_equal(two.paths[u], path)
 
 
 # ---------------------------------------------------------------------------- Kaldi import

@@ -221,16 +221,20 @@ def fmllr_sets(cfg: DictConfig) -> list[str]:
 
 def _fmllr_sets(ctx: StageContext) -> None:
     """One inner step per set: ``paths.fmllr_set(set)``, from Kaldi's matrices when
-    ``align.kaldi_fmllr`` is given, else from the last (SAT) pass's transforms."""
+    ``align.kaldi_fmllr`` is given, else from the last (SAT) pass's transforms (keyed by the
+    passes and by how the test sets' transforms were made: decoded or not, the scale chosen
+    where)."""
+    from asrtrain.decode import tuning_set
+
     cfg, paths = ctx.cfg, ctx.paths
     kaldi = OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True) \
         if cfg.align.get("kaldi_fmllr") else None
     passes = OmegaConf.to_container(cfg.align.passes, resolve=True) \
         if cfg.align.source == "train" else {}
+    how = [bool(cfg.align.decode), tuning_set(cfg) if cfg.align.decode else None]
     for set_name in fmllr_sets(cfg):
         out = paths.fmllr_set(set_name)
-        key = ctx.step_key("fmllr", set_name, kaldi or list(passes.items()),
-                           bool(cfg.align.decode), [str(t) for t in cfg.sets.test])
+        key = ctx.step_key("fmllr", set_name, kaldi or [list(p) for p in passes.items()], how)
         _step(ctx, out / ".done", key, out.name,
               lambda s=set_name, out=out: _write_fmllr_set(ctx, s, out, kaldi))
 
