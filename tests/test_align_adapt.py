@@ -35,7 +35,7 @@ from asrtrain.align.model import (
     read_utterances,
     write_transforms,
 )
-from asrtrain.align.sat import estimate_transforms, silence_pdfs
+from asrtrain.align.sat import alignment_model, estimate_transforms, silence_pdfs
 from asrtrain.data.datadir import DataDir
 from asrtrain.features.reader import FeatureReader
 from asrtrain.lang.lexicon import Lang
@@ -136,6 +136,28 @@ def test_tri4_writes_kaldi_transforms_and_a_speaker_independent_model(corpus, tr
     assert gains[0] > gains[-1]
 
 
+def test_alignment_model_ignores_dead_component_slots(corpus, tri4) -> None:
+    """final.alimdl from a model whose GMMs carry unused slots (mixing up pads every pdf) is
+    the one from the same model without them."""
+    lang = Lang.read(corpus["lang"])
+    model = AcousticModel.load(tri4)
+    base, _ = read_utterances(corpus["train"], lang)
+    base = {u.utt: u.feats for u in base}
+    utts, _ = load_data(corpus["train"], lang, model, read_transforms(tri4))
+    ps = _table(tri4 / "ali_phone_state.scp")
+    cfg = GmmConfig.from_config({"type": "sat"})
+    plain = alignment_model(model, utts, base, ps, cfg)
+    g = model.gmm
+    p, m, d = g.means.shape
+    model.gmm = DiagGmmSet(torch.cat([g.means, torch.zeros(p, 3, d, dtype=g.means.dtype)], 1),
+                           torch.cat([g.vars, torch.ones(p, 3, d, dtype=g.vars.dtype)], 1),
+                           torch.cat([g.log_weights, torch.full((p, 3), -math.inf)], 1))
+    padded = alignment_model(model, utts, base, ps, cfg)
+    assert torch.equal(padded.gmm.means[:, :m], plain.gmm.means)
+    assert torch.equal(padded.gmm.vars[:, :m], plain.gmm.vars)
+    assert torch.equal(padded.gmm.log_weights[:, :m], plain.gmm.log_weights)
+
+
 def test_adapted_alignment_beats_the_same_model_without_transforms(corpus, tri4) -> None:
     """The SAT model on its speakers' fMLLR features against the same model on the unadapted
     ones: a higher log-likelihood per frame, also counting each speaker's log|det A| (the
@@ -174,11 +196,16 @@ def test_align_fmllr_two_passes_write_transforms(corpus, tri4, tmp_path) -> None
     assert s["final_loglike_per_frame"] > s["si_loglike_per_frame"]
 
 
-def test_tri3_with_two_jobs_equals_one_job(corpus, tri1, tmp_path) -> None:
-    cfg = dict(TRI3, num_iters=4, realign_iters=[2, 4], mllt_iters=[1, 3])
+@pytest.mark.parametrize("kind", ["tri3", "tri4"])
+def test_two_jobs_equal_one_job(corpus, tri1, tri3, tmp_path, kind) -> None:
+    """The forked alignment jobs of the new passes give one process's alignments, and so the
+    same transforms and models."""
+    src, cfg = (tri1, TRI3) if kind == "tri3" else (tri3, TRI4)
+    cfg = dict(cfg, num_iters=4, realign_iters=[2, 4], mllt_iters=[1, 3], fmllr_iters=[1, 3])
     for nj in (1, 2):
-        train_pass(corpus["train"], corpus["lang"], tri1, tmp_path / f"nj{nj}", dict(cfg, nj=nj))
-    for name in ("ali.ark", "ali_phone_state.ark", "tree.txt"):
+        train_pass(corpus["train"], corpus["lang"], src, tmp_path / f"nj{nj}", dict(cfg, nj=nj))
+    names = ["ali.ark", "ali_phone_state.ark", "tree.txt"]
+    for name in names + (["trans.ark"] if kind == "tri4" else []):
         assert filecmp.cmp(tmp_path / "nj1" / name, tmp_path / "nj2" / name, shallow=False)
     one, two = AcousticModel.load(tmp_path / "nj1"), AcousticModel.load(tmp_path / "nj2")
     assert np.array_equal(one.lda_mllt, two.lda_mllt)

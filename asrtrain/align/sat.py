@@ -278,6 +278,7 @@ def alignment_model(model: AcousticModel, utts: list[Utterance], base: Mapping[s
     device = torch.device(c.device)
     gmm = model.gmm.to(device)
     stats = gmm.zero_stats()
+    moments = torch.zeros(3, gmm.dim, dtype=torch.float64, device=device)  # n, sum x, sum x^2
     for u in utts:
         ps = phone_state.get(u.utt)
         if ps is None:
@@ -285,12 +286,14 @@ def alignment_model(model: AcousticModel, utts: list[Utterance], base: Mapping[s
         pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))).to(device)
         post = component_posteriors(gmm, torch.from_numpy(u.feats).to(device), pdf).post
         x = torch.from_numpy(model_features(model, base[u.utt])).to(device).double()
-        stats.occ.index_add_(0, pdf, post)
-        stats.sx.index_add_(0, pdf, post[:, :, None] * x[:, None, :])
-        stats.sxx.index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
-    n = stats.occ.sum().clamp(min=1.0)
-    mean = stats.sx.sum((0, 1)) / n
-    var_floor = (c.var_floor_factor * (stats.sxx.sum((0, 1)) / n - mean * mean)).cpu().numpy()
+        m = post.shape[1]   # the slots up to the last live component
+        stats.occ[:, :m].index_add_(0, pdf, post)
+        stats.sx[:, :m].index_add_(0, pdf, post[:, :, None] * x[:, None, :])
+        stats.sxx[:, :m].index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
+        moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), (x * x).sum(0)])
+    n = moments[0].clamp(min=1.0)
+    mean = moments[1] / n
+    var_floor = (c.var_floor_factor * (moments[2] / n - mean * mean)).cpu().numpy()
     si_gmm = DiagGmmSet(gmm.means.clone(), gmm.vars.clone(), gmm.log_weights.clone())
     si_gmm.update(stats, torch.from_numpy(var_floor).to(device), c.min_gaussian_occupancy)
     return AcousticModel(model.tree, si_gmm.to("cpu"), model.log_trans, model.delta_order,
