@@ -6,6 +6,9 @@ Every decoder writes one decode-dir layout (docs/architecture.md)::
     <out_dir>/text         <utt> <words...>
     <out_dir>/score/       asrtrain.score.score_decode's reports of this ctm/text
     <out_dir>/decode.json  graph decoders: settings, the chosen one, every candidate's WER, RTF
+    <out_dir>/trans.{ark,scp}  SAT passes (decode_fmllr.sh, asrtrain/decode/fmllr.py): each
+                           speaker's composed fMLLR transform; decode.json adds ``first_pass``,
+                           the speaker-independent first pass's WER
 
 The graph decoders try several settings (acoustic scales, LM weights x insertion penalties):
 ``score_candidates`` scores each candidate's words through ``score_decode`` in a temporary
