@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import science  # bench/science.py
 import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
 
@@ -255,17 +256,13 @@ def test_hadpsgd_nodes_and_reproducible_by_seed() -> None:
     assert ta.config["spectral_gap"] == pytest.approx(topology.spectral_gap(16, "exponential", 4))
 
 
-# The GMM passes of tests/test_e2e.py (ALIGN_SMALL), for an experiment made here.
-ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
-               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
-               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
-               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
-
-
 def make_exp(out: Path) -> list[str]:
     """Features and small GMM alignments of the tiny corpus in ``out``; the overrides that
-    name them (the stages before align, less the CTC model's)."""
-    args = [f"exp_dir={out}", "nj=2", *ALIGN_SMALL]
+    name them (the stages before align, less the CTC model's). The passes are
+    bench/science.py's: mono and tri1, every later pass of the recipe deleted; the stages those
+    the tests run (none the recipe may add, which train_hybrid would read)."""
+    base = [f"exp_dir={out}", "nj=2", science.STAGES]
+    args = [*base, *science.align_overrides(base)]
     for span in (["--to", "features"], ["--stage", "lm", "--to", "align"]):
         proc = asrtrain("run", "recipes/tiny", *args, *span, timeout=1500)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,87 @@
+"""bench/science.py end to end at its smallest size (``--size small``: the committed tiny corpus,
+4-8 simulated learners, one epoch, the real multi-process points with 2 gloo learners), run as a
+script in a process of its own; and its GMM overrides against a recipe with more passes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import science  # bench/science.py (conftest puts bench/ on the path)
+
+from asrtrain.recipe import compose_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ("batch", "gap", "delay", "hier", "real")
+
+
+def test_align_overrides_delete_every_pass_after_tri1() -> None:
+    """A recipe that gains passes (tri3, tri4) still gets mono and tri1 only."""
+    more = ["+align.passes.tri3={from: tri2, num_leaves: 20, num_gauss: 40}",
+            "+align.passes.tri4={from: tri3, num_leaves: 20, num_gauss: 40}"]
+    overrides = science.align_overrides(more)
+    assert {"~align.passes.tri2", "~align.passes.tri3", "~align.passes.tri4"} <= set(overrides)
+    cfg = compose_recipe(REPO / "recipes" / "tiny", [*more, *overrides])
+    assert list(cfg.align.passes) == ["mono", "tri1"]
+    assert cfg.align.passes.tri1.num_leaves == 60
+
+
+def finite(x: object) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("science")
+    proc = subprocess.run([sys.executable, "bench/science.py", "--size", "small", "--out",
+                           str(out / "results"), "--exp", str(out / "exp"), "--no-docs"],
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "results"
+
+
+@pytest.mark.timeout(1800)
+def test_small_size_writes_every_experiment(small_run: Path) -> None:
+    for name in EXPERIMENTS:
+        result = json.loads((small_run / f"science_{name}.json").read_text())
+        assert result["plan"]["name"] == "small" and result["rows"], name
+        assert (small_run / f"science_{name}.png").stat().st_size > 1000, name
+        trained = [r for r in result["rows"] if "skipped" not in r]
+        assert trained, name
+        for row in trained:
+            losses = [row["real"]["heldout_loss"], row["simulated"]["heldout_loss"]] \
+                if name == "real" else [row["heldout_loss"], *(e["heldout_loss"]
+                                                                for e in row["epochs"])]
+            assert all(finite(v) and v > 0 for v in losses), (name, row)
+    summary = json.loads((small_run / "science_summary.json").read_text())
+    assert set(summary["experiment_wall_s"]) == set(EXPERIMENTS)
+
+
+@pytest.mark.timeout(1800)
+def test_small_size_results_mean_what_they_say(small_run: Path) -> None:
+    batch = json.loads((small_run / "science_batch.json").read_text())["rows"]
+    plan = science.SMALL
+    assert {(r["optimizer"], r["global_batch"], r["backend"]) for r in batch} == {
+        (o, b, k) for o in plan.batch_optimizers for b in plan.global_batches
+        for k in ("ssgd", "adpsgd")}
+    assert all(r["rounds"] == 0 for r in batch if r["backend"] == "ssgd")
+    assert all(r["rounds"] > 0 for r in batch if r["backend"] == "adpsgd")
+    gap = json.loads((small_run / "science_gap.json").read_text())["rows"]
+    for row in gap:  # zero-LR gossip contracts, and the gap is the topology module's
+        mix = row["mixing"]
+        assert 0 <= mix["measured_rate"] < 1 and 0 < mix["spectral_gap"] <= 1
+        assert mix["distance"][-1] < mix["distance"][0]
+    fixed = {r["learners"]: r["mixing"]["spectral_gap"] for r in gap if r["topology"] == "ring"}
+    assert fixed[8] < fixed[4]  # the fixed ring's gap shrinks as learners are added
+    hier = json.loads((small_run / "science_hier.json").read_text())["rows"]
+    assert [r["members"] for r in hier] == [8, 2]  # 8 flat learners; 2 nodes of 4
+    real = json.loads((small_run / "science_real.json").read_text())["rows"]
+    assert [r["backend"] for r in real] == ["ssgd", "adpsgd", "adpsgd", "adpsgd", "hadpsgd"]
+    assert all(r["real"]["frames_per_s"] > 0 and r["pace"]["step_s"] > 0 for r in real)
+    # SSGD: the simulator is the real trainer's arithmetic (tests/test_simulate.py: to 1e-5)
+    assert real[0]["simulated"]["heldout_loss"] == pytest.approx(real[0]["real"]["heldout_loss"],
+                                                                  abs=2e-3)
