@@ -71,7 +71,7 @@ class SetFrames:
         if m.ndim != 2 or not np.isfinite(m).all():
             raise AsrtrainError(f"{self.reader.feats_scp}: utterance {utt}: features of shape "
                                 f"{m.shape} with non-finite values, or not a matrix")
-        return torch.from_numpy(np.ascontiguousarray(m[::subsample]))
+        return torch.from_numpy(np.array(m[::subsample], dtype=np.float32))   # a writable copy
 
     def frames_of(self, utts: Sequence[str]) -> int:
         return sum(self.reader.num_frames[u] for u in utts)
@@ -111,10 +111,12 @@ def train_ubm(frames: SetFrames, opts: dict, subsample: int, device: str
         num_iters_init=int(opts["num_iters_init"]), num_iters=int(opts["num_iters"]),
         min_gaussian_weight=float(opts["min_gaussian_weight"]), seed=int(opts.get("seed", 0)))
     seconds = time.time() - t0
-    iters = int(opts["num_iters_init"]) + int(opts["num_iters"])
+    # frames processed: the initial iterations see the num_frames subset, the last ones all
+    work = (min(int(opts["num_frames"]), len(x)) * int(opts["num_iters_init"])
+            + len(x) * int(opts["num_iters"]))
     info = {"utterances": len(utts), "frames": len(x), "num_gauss": ubm.num_gauss,
-            "iterations": iters, "seconds": round(seconds, 2),
-            "frames_per_s": round(len(x) * iters / max(seconds, 1e-9)),
+            "iterations": int(opts["num_iters_init"]) + int(opts["num_iters"]),
+            "seconds": round(seconds, 2), "frames_per_s": round(work / max(seconds, 1e-9)),
             "loglike_per_frame": round(history[-1]["loglike_per_frame"], 4)}
     return ubm, info
 
