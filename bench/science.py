@@ -571,7 +571,7 @@ def run_plan(plan: Plan, out: Path, exp: Path | None, only: list[str], redo: boo
         run, plot = EXPERIMENTS[name]
         path = out / f"science_{name}.json"
         if path.is_file() and not redo and json.loads(path.read_text()).get("plan") == \
-                asdict(plan):
+                json.loads(json.dumps(asdict(plan))):  # as JSON has it: tuples are lists
             print(f"{name}: done before ({path})", flush=True)
             result = json.loads(path.read_text())
         else:
