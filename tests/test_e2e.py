@@ -16,10 +16,22 @@ SMALL = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.epo
          "trainer.batch_frames=4000", "trainer.log_every=5", "nj=2"]
 # A few GMM iterations are enough to give the hybrid model targets; the full passes are the
 # recipe's (and test_align's) business.
-ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
-               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
-               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
-               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
+_GMM_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
+              "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
+              "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
+              "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]",
+              "ivector.ubm.num_gauss=16", "ivector.ubm.num_iters_init=4",
+              "ivector.ubm.num_iters=2", "ivector.extractor.num_iters=2"]
+# Most tests stop at tri1 and give the hybrid model the 40 log-mel input (no fMLLR, which needs
+# the SAT pass, and no i-vectors; the ivectors stage still runs, small).
+ALIGN_SMALL = [*_GMM_SMALL, "~align.passes.tri3", "~align.passes.tri4",
+               "features@hybrid.features=fbank40"]
+# The recipe as shipped, small: tri3 (LDA+MLLT) and tri4 (SAT) from tri1, whose alignments and
+# fMLLR features, with the i-vectors, make the hybrid model's 260-dim input.
+SAT_PASS = "{from:%s,type:%s,num_leaves:80,num_gauss:400,num_iters:4,realign_iters:[2],%s}"
+SAT_SMALL = [*_GMM_SMALL,
+             "++align.passes.tri3=" + SAT_PASS % ("tri1", "lda_mllt", "mllt_iters:[1,2]"),
+             "++align.passes.tri4=" + SAT_PASS % ("tri3", "sat", "fmllr_iters:[1,2]")]
 HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
                 "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
                 # A model trained for seconds is unsure of everything: bound the search.
@@ -46,7 +58,7 @@ def exp(tmp_path_factory) -> Path:
 
 
 def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
-    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL)
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *SAT_SMALL, *HYBRID_SMALL)
     wers = {(m.group(5), m.group(1)): (float(m.group(2)), int(m.group(4)))
             for m in WER_LINE.finditer(out.stdout)}
     # both systems' WERs are printed: the CTC model's, then the hybrid's
@@ -55,12 +67,12 @@ def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
     for system in ("blstm_tiny", "hybrid_tiny"):
         assert wers[system, "all"][1] == wers[system, "swbd"][1] + wers[system, "callhm"][1] > 0
     for stage in ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc",
-                  "align", "train_hybrid", "decode_hybrid"):
+                  "align", "ivectors", "train_hybrid", "decode_hybrid"):
         assert (exp / ".done" / stage).is_file()
         assert f"stage {stage}" in out.stderr
     assert (exp / "decode" / "blstm_tiny" / "eval2000" / "score" / "ctm.filt.sys").is_file()
     assert (exp / "decode" / "hybrid_tiny" / "eval2000" / "decode.json").is_file()
-    again = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL,
+    again = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *SAT_SMALL,
                      *HYBRID_SMALL)
     assert "nothing to do" in again.stderr and "starts" not in again.stderr
 
@@ -100,8 +112,8 @@ def test_bad_corpus_path_is_one_clear_error(tmp_path: Path) -> None:
 def aligned(exp: Path) -> Path:
     if not (exp / ".done" / "features").is_file():
         asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--to", "features", *SMALL)
-    asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "lm", "--to", "align",
-             *SMALL, *ALIGN_SMALL)
+    asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "lm", "--to", "ivectors",
+             *SMALL, *SAT_SMALL)
     return exp
 
 
@@ -113,12 +125,13 @@ def test_hybrid_with_four_learners_decodes_through_hclg(aligned: Path, backend: 
     exp = aligned
     name = f"hybrid_{backend}"
     out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train_hybrid",
-                   *SMALL, *ALIGN_SMALL, *HYBRID_SMALL, f"hybrid.model.name={name}",
+                   *SMALL, *SAT_SMALL, *HYBRID_SMALL, f"hybrid.model.name={name}",
                    f"trainer.backend={backend}", "trainer.learners=4", *extra)
     final = torch.load(exp / "train" / name / "final.pt", map_location="cpu",
                        weights_only=False)
-    num_pdfs = int((exp / "align" / "tri1" / "num_pdfs").read_text().split()[0])
+    num_pdfs = int((exp / "align" / "tri4" / "num_pdfs").read_text().split()[0])
     assert final["output_dim"] == num_pdfs == final["log_priors"].numel()
+    assert final["input_dim"] == 260    # fbank + deltas | fMLLR | i-vector
     assert 0 < final["metrics"]["dev_frame_accuracy"] <= 100
     decoded = exp / "decode" / name / "eval2000"
     assert (decoded / "ctm").stat().st_size > 0
