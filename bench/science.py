@@ -117,6 +117,17 @@ def align_overrides(base: list[str]) -> list[str]:
     return [*(f"~align.passes.{n}" for n in later), *ALIGN_OPTIONS]
 
 
+def recipe_overrides(base: list[str]) -> list[str]:
+    """:func:`align_overrides`, and the hybrid model's input kept to the 40 log-mel filterbanks
+    (what docs/science.md's runs had) where the recipe gives it features of its own (fMLLR of a
+    SAT pass, i-vectors: passes and stages the experiments leave out)."""
+    from asrtrain.recipe import compose_recipe
+
+    hybrid_features = "features" in compose_recipe(RECIPE, base).hybrid
+    return [*align_overrides(base),
+            *(["features@hybrid.features=fbank40"] if hybrid_features else [])]
+
+
 def corpus_overrides(hours: float | None, root: Path) -> list[str]:
     """The scaled corpus of ``hours`` (made under ``root`` when missing); [] for the tiny one."""
     if hours is None:
@@ -136,7 +147,7 @@ def ensure_exp(exp: Path, corpus: list[str] | None = None) -> list[str]:
     """The overrides that point the recipe at ``exp``, after making its features and small
     alignments there when it has none (not the CTC model: the span skips ``train``)."""
     base = [f"exp_dir={exp}", *(corpus or []), "nj=2", STAGES]
-    overrides = [*base, *align_overrides(base)]
+    overrides = [*base, *recipe_overrides(base)]
     if (exp / ".done" / "align").is_file():
         return overrides
     print(f"making features and alignments in {exp} (asrtrain run)", flush=True)

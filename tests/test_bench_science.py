@@ -30,6 +30,13 @@ def test_align_overrides_delete_every_pass_after_tri1() -> None:
     assert cfg.align.passes.tri1.num_leaves == 60
 
 
+def test_the_hybrid_input_needs_no_pass_or_stage_the_experiments_leave_out() -> None:
+    """No fMLLR (of a SAT pass deleted above) or i-vectors (a stage not run) in its input."""
+    cfg = compose_recipe(REPO / "recipes" / "tiny", science.recipe_overrides([]))
+    features = cfg.hybrid.get("features") or cfg.features
+    assert not features.get("append")
+
+
 def finite(x: object) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
@@ -85,3 +92,15 @@ def test_small_size_results_mean_what_they_say(small_run: Path) -> None:
     # SSGD: the simulator is the real trainer's arithmetic (tests/test_simulate.py: to 1e-5)
     assert real[0]["simulated"]["heldout_loss"] == pytest.approx(real[0]["real"]["heldout_loss"],
                                                                   abs=2e-3)
+
+
+@pytest.mark.timeout(600)
+def test_an_experiment_done_for_the_same_plan_is_not_run_again(small_run: Path) -> None:
+    before = (small_run / "science_hier.json").read_bytes()
+    proc = subprocess.run([sys.executable, "bench/science.py", "--size", "small", "--only", "hier",
+                           "--out", str(small_run), "--exp", str(small_run.parent / "exp"),
+                           "--no-docs"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hier: done before" in proc.stdout
+    assert (small_run / "science_hier.json").read_bytes() == before
+    assert (small_run / "science_hier.png").is_file()

@@ -258,11 +258,12 @@ def test_hadpsgd_nodes_and_reproducible_by_seed() -> None:
 
 def make_exp(out: Path) -> list[str]:
     """Features and small GMM alignments of the tiny corpus in ``out``; the overrides that
-    name them (the stages before align, less the CTC model's). The passes are
-    bench/science.py's: mono and tri1, every later pass of the recipe deleted; the stages those
-    the tests run (none the recipe may add, which train_hybrid would read)."""
+    name them (the stages before align, less the CTC model's). The passes and the hybrid input
+    are bench/science.py's: mono and tri1, every later pass of the recipe deleted, 40 log-mel
+    filterbanks; the stages those the tests run (none the recipe may add, which train_hybrid would
+    read)."""
     base = [f"exp_dir={out}", "nj=2", science.STAGES]
-    args = [*base, *science.align_overrides(base)]
+    args = [*base, *science.recipe_overrides(base)]
     for span in (["--to", "features"], ["--stage", "lm", "--to", "align"]):
         proc = asrtrain("run", "recipes/tiny", *args, *span, timeout=1500)
         assert proc.returncode == 0, proc.stderr[-3000:]
