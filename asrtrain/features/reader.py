@@ -59,26 +59,23 @@ def stream_dirs(paths, name: str, append: Sequence[str]) -> dict[str, Path]:
     return {s: Path(where[s](name)) for s in append}
 
 
-class FmllrFrames:
-    """The fMLLR features of a set: ``feats.scp`` of its ``_fmllr`` data dir, one matrix per
-    utterance with the frames of the set's fbank features (no CMVN: speaker-adapted already)."""
+class _MatrixTable:
+    """A table of one float matrix per utterance (``self.scp``), checked as it is read: what
+    the fMLLR features and the i-vectors share. ``what`` names the contents in errors, ``unit``
+    what a row is."""
 
-    name = "fmllr"
+    name = what = unit = ""
+    scp: Path
 
-    def __init__(self, data_dir: str | Path) -> None:
-        self.dir = Path(data_dir)
-        self.scp = self.dir / "feats.scp"
-        if not self.scp.is_file():
-            raise AsrtrainError(f"{self.scp}: missing (the fMLLR features the input appends); "
-                                f"{STREAM_HINTS['fmllr']}")
+    def _open_table(self) -> None:
         self.table = read_table(self.scp)
         self._dim: int | None = None
 
     def check_utts(self, utts: Sequence[str]) -> None:
         missing = [u for u in utts if u not in self.table]
         if missing:
-            raise AsrtrainError(f"{self.scp}: no fMLLR features for {len(missing)} utterances, "
-                                f"e.g. {missing[0]}; {STREAM_HINTS['fmllr']}")
+            raise AsrtrainError(f"{self.scp}: no {self.what} for {len(missing)} utterances, "
+                                f"e.g. {missing[0]}; {STREAM_HINTS[self.name]}")
 
     def dim(self, utt: str) -> int:
         if self._dim is None:
@@ -87,7 +84,7 @@ class FmllrFrames:
 
     def _load(self, utt: str) -> np.ndarray:
         if utt not in self.table:
-            raise AsrtrainError(f"{self.scp}: no fMLLR features for utterance {utt}")
+            raise AsrtrainError(f"{self.scp}: no {self.what} for utterance {utt}")
         try:
             m = np.asarray(kaldiio.load_mat(self.table[utt]))
         except Exception as e:
@@ -95,7 +92,26 @@ class FmllrFrames:
                                 f"{self.table[utt]}: {e}") from e
         if m.ndim != 2:
             raise AsrtrainError(f"{self.scp}: utterance {utt}: a {m.ndim}-dim array, expected "
-                                "a matrix [frames, dim]")
+                                f"a matrix [{self.unit}, dim]")
+        return m
+
+
+class FmllrFrames(_MatrixTable):
+    """The fMLLR features of a set: ``feats.scp`` of its ``_fmllr`` data dir, one matrix per
+    utterance with the frames of the set's fbank features (no CMVN: speaker-adapted already)."""
+
+    name, what, unit = "fmllr", "fMLLR features", "frames"
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.dir = Path(data_dir)
+        self.scp = self.dir / "feats.scp"
+        if not self.scp.is_file():
+            raise AsrtrainError(f"{self.scp}: missing (the fMLLR features the input appends); "
+                                f"{STREAM_HINTS['fmllr']}")
+        self._open_table()
+
+    def _load(self, utt: str) -> np.ndarray:
+        m = super()._load(utt)
         if not np.isfinite(m).all():
             raise AsrtrainError(f"{self.scp}: utterance {utt} has NaN or infinite fMLLR "
                                 "features")
@@ -115,13 +131,13 @@ class FmllrFrames:
         return m.astype(np.float32, copy=False)
 
 
-class OnlineIvectors:
+class OnlineIvectors(_MatrixTable):
     """Online i-vectors of a set (Kaldi's ``extract_ivectors_online.sh``): one matrix per
     utterance in ``ivector_online.scp``, a row every ``ivector_period`` frames; frame ``t``
     takes row ``t // period`` (nnet3's rule), so an utterance of ``T`` frames needs
     ``ceil(T / period)`` rows."""
 
-    name = "ivector"
+    name, what, unit = "ivector", "i-vectors", "rows"
 
     def __init__(self, ivector_dir: str | Path) -> None:
         self.dir = Path(ivector_dir)
@@ -138,32 +154,7 @@ class OnlineIvectors:
         if self.period < 1:
             raise AsrtrainError(f"{period}: expected a positive number of frames, got "
                                 f"{period.read_text().strip()!r}")
-        self.table = read_table(self.scp)
-        self._dim: int | None = None
-
-    def check_utts(self, utts: Sequence[str]) -> None:
-        missing = [u for u in utts if u not in self.table]
-        if missing:
-            raise AsrtrainError(f"{self.scp}: no i-vectors for {len(missing)} utterances, e.g. "
-                                f"{missing[0]}; {STREAM_HINTS['ivector']}")
-
-    def dim(self, utt: str) -> int:
-        if self._dim is None:
-            self._dim = int(self._load(utt).shape[1])
-        return self._dim
-
-    def _load(self, utt: str) -> np.ndarray:
-        if utt not in self.table:
-            raise AsrtrainError(f"{self.scp}: no i-vectors for utterance {utt}")
-        try:
-            m = np.asarray(kaldiio.load_mat(self.table[utt]))
-        except Exception as e:
-            raise AsrtrainError(f"{self.scp}: utterance {utt}: cannot read "
-                                f"{self.table[utt]}: {e}") from e
-        if m.ndim != 2:
-            raise AsrtrainError(f"{self.scp}: utterance {utt}: a {m.ndim}-dim array, expected "
-                                "a matrix [rows, dim]")
-        return m
+        self._open_table()
 
     def num_rows(self, num_frames: int) -> int:
         """The rows an utterance of ``num_frames`` frames uses."""
