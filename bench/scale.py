@@ -53,7 +53,9 @@ ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.nu
                "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
                "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
                "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]",
-               "~align.passes.tri3", "~align.passes.tri4", "features@hybrid.features=fbank40"]
+               "~align.passes.tri3", "~align.passes.tri4", "features@hybrid.features=fbank40",
+               # the hybrid reads 40 log-mel here: no i-vectors to make
+               "stages=[" + ",".join(STAGES) + "]"]
 HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
                 "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
                 "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",

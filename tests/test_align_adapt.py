@@ -155,7 +155,9 @@ def test_alignment_model_ignores_dead_component_slots(corpus, tri4) -> None:
     padded = alignment_model(model, utts, base, ps, cfg)
     assert torch.equal(padded.gmm.means[:, :m], plain.gmm.means)
     assert torch.equal(padded.gmm.vars[:, :m], plain.gmm.vars)
-    assert torch.equal(padded.gmm.log_weights[:, :m], plain.gmm.log_weights)
+    # weights are normalised over the slots, so the dead ones may move the last bit
+    torch.testing.assert_close(padded.gmm.log_weights[:, :m], plain.gmm.log_weights,
+                               rtol=0, atol=1e-12)
 
 
 def test_adapted_alignment_beats_the_same_model_without_transforms(corpus, tri4) -> None:
