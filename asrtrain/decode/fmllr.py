@@ -35,17 +35,15 @@ from pathlib import Path
 
 import kaldiio
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
-from asrtrain.adapt.lda import apply_transform
-from asrtrain.adapt.splice import splice_frames
 from asrtrain.align.model import (
     AcousticModel,
     Utterance,
     adapt_features,
     adapt_utterances,
+    lda_features,
     load_data,
     model_features,
     read_transforms,
@@ -299,13 +297,8 @@ def import_kaldi_fmllr(mfcc_dir: Path, out_dir: Path, kcfg: Mapping, set_name: s
         raise AsrtrainError(f"{mat_path}: a {mat.shape[0]}x{mat.shape[1]} matrix; our "
                             f"{dim}-dim MFCCs spliced -{left}..+{right} are {spliced}-dim "
                             "(Kaldi's MFCCs must match ours: conf/mfcc/kaldi13.yaml)")
-    m = torch.from_numpy(mat)
-
-    def features(cmn: np.ndarray) -> np.ndarray:
-        x = splice_frames(torch.from_numpy(np.asarray(cmn, dtype=np.float32)), left, right)
-        return apply_transform(x, m).float().numpy()
-
-    return _write_adapted(mfcc_dir, out_dir, features, trans, f"Kaldi's {trans_dir}")
+    return _write_adapted(mfcc_dir, out_dir, lambda cmn: lda_features(cmn, (left, right), mat),
+                          trans, f"Kaldi's {trans_dir}")
 
 
 def _read_matrix(path: Path) -> np.ndarray:

@@ -294,7 +294,7 @@ def _check_passes(cfg: DictConfig) -> None:
         if (src is None) != (i == 0) or (src is not None and src not in names[:i]):
             raise AsrtrainError(f"align.passes.{name}.from={src!r}: the first pass starts "
                                 "from nothing (null), every later one from an earlier pass")
-        kind = opts.get("type") or "deltas"
+        kind = pass_type(opts)
         if kind not in PASS_TYPES:
             raise AsrtrainError(f"align.passes.{name}.type={kind!r}: expected one of "
                                 f"{', '.join(PASS_TYPES)}")
