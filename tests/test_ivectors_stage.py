@@ -29,8 +29,9 @@ from asrtrain.adapt.ivector import (
     online_stats,
     utterance_stats,
 )
-from asrtrain.adapt.ivector_sets import expected_rows, pseudo_speakers
+from asrtrain.adapt.ivector_sets import pseudo_speakers
 from asrtrain.data.datadir import DataDir
+from asrtrain.features.reader import ivector_rows as expected_rows
 from asrtrain.recipe import needs_ivectors
 
 SETS = ("train_nodup", "train_dev", "eval2000")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -40,7 +39,8 @@ from asrtrain.adapt.ivector import (
     train_ivector_extractor,
     utterance_stats,
 )
-from asrtrain.features.reader import FeatureReader
+from asrtrain.data.datadir import read_table
+from asrtrain.features.reader import FeatureReader, ivector_rows
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
 
 log = logging.getLogger("asrtrain")
@@ -286,13 +286,6 @@ def extract_set(frames: SetFrames, ubm: DiagUbm, ext: IvectorExtractor, opts: di
 
 
 # ---------------------------------------------------------------------------- Kaldi import
-def expected_rows(num_frames: int, period: int) -> int:
-    """Rows of an utterance's online i-vectors: ``ivector-extract-online2`` writes
-    ``(T + period - 1) / period`` = ``ceil(T / period)`` (not ``T // period + 1``: an utterance
-    of 20 frames at period 10 has 2 rows, for frames 0 and 10)."""
-    return max(1, math.ceil(num_frames / period))
-
-
 def import_kaldi_ivectors(kaldi_dir: Path, data_dir: Path, out: Path) -> dict:
     """Copy Kaldi's ``ivector_online.scp`` (and ``ivector_period``) of one set into ``out``,
     checked against the set's data dir: every utterance present, ``ceil(frames / period)``
@@ -303,14 +296,14 @@ def import_kaldi_ivectors(kaldi_dir: Path, data_dir: Path, out: Path) -> dict:
             raise AsrtrainError(f"{p}: missing (expected Kaldi's extract_ivectors_online.sh "
                                 "output dir, e.g. exp/nnet3/ivectors_SET)")
     period = _read_period(period_file)
-    table = _read_scp(scp)
+    table = read_table(scp)
     frames = FeatureReader(data_dir, need_num_frames=True).num_frames
     dim = None
     out.mkdir(parents=True, exist_ok=True)
     with atomic_ark(out / "ivector_online.ark", out / "ivector_online.scp") as writer:
         for utt in sorted(frames):
             m = _kaldi_matrix(scp, table, utt)
-            need = expected_rows(frames[utt], period)
+            need = ivector_rows(frames[utt], period)
             if m.shape[0] != need:
                 raise AsrtrainError(f"{scp}: utterance {utt} has {m.shape[0]} i-vector rows; "
                                     f"its {frames[utt]} frames ({data_dir / 'utt2num_frames'}) "
@@ -330,18 +323,6 @@ def _read_period(path: Path) -> int:
     if not text.isdigit() or int(text) < 1:
         raise AsrtrainError(f"{path}: expected a positive number of frames, got {text!r}")
     return int(text)
-
-
-def _read_scp(scp: Path) -> dict[str, str]:
-    table = {}
-    for lineno, line in enumerate(scp.read_text().splitlines(), 1):
-        parts = line.split(None, 1)
-        if not parts:
-            continue
-        if len(parts) != 2:
-            raise AsrtrainError(f"{scp}:{lineno}: expected 'UTT ARK:OFFSET', got {line!r}")
-        table[parts[0]] = parts[1].strip()
-    return table
 
 
 def _kaldi_matrix(scp: Path, table: dict[str, str], utt: str) -> np.ndarray:

@@ -59,6 +59,13 @@ def stream_dirs(paths, name: str, append: Sequence[str]) -> dict[str, Path]:
     return {s: Path(where[s](name)) for s in append}
 
 
+def ivector_rows(num_frames: int, period: int) -> int:
+    """Rows of an utterance's online i-vectors: ``ivector-extract-online2`` writes
+    ``(T + period - 1) / period`` = ``ceil(T / period)`` (not ``T // period + 1``: an utterance
+    of 20 frames at period 10 has 2 rows, for frames 0 and 10)."""
+    return max(1, math.ceil(num_frames / period))
+
+
 class _MatrixTable:
     """A table of one float matrix per utterance (``self.scp``), checked as it is read: what
     the fMLLR features and the i-vectors share. ``what`` names the contents in errors, ``unit``
@@ -158,7 +165,7 @@ class OnlineIvectors(_MatrixTable):
 
     def num_rows(self, num_frames: int) -> int:
         """The rows an utterance of ``num_frames`` frames uses."""
-        return max(1, math.ceil(num_frames / self.period))
+        return ivector_rows(num_frames, self.period)
 
     def rows(self, utt: str, num_frames: int) -> np.ndarray:
         """The rows of ``utt`` its ``num_frames`` frames use, float32 [ceil(T / period), dim],
