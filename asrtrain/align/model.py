@@ -24,7 +24,7 @@ import multiprocessing as mp
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.adapt.lda import apply_transform
 from asrtrain.adapt.splice import splice_frames
-from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.gmm import DiagGmmSet, GmmStats
 from asrtrain.align.graph import (
     HmmGraph,
     hmm_graph,
@@ -275,6 +275,33 @@ def pdfs_of(tree, ctx: np.ndarray) -> np.ndarray:
     lookup = np.array([tree.pdf(int(a), int(b), int(c), int(d)) for a, b, c, d in uniq],
                       dtype=np.int64)
     return lookup[inv.reshape(-1)]
+
+
+def accumulate_stats(model: AcousticModel, items: Iterable[tuple[np.ndarray, np.ndarray]],
+                     device: torch.device | str = "cpu"
+                     ) -> tuple[DiagGmmSet, GmmStats, dict[int, np.ndarray]]:
+    """``gmm-acc-stats-ali``: GMM statistics and transition counts of ``(feats, phone-state
+    alignment)`` pairs; returns the model's GMM on ``device``, the statistics and the counts.
+    A job's statistics add up with :meth:`GmmStats.add` and :func:`add_transition_counts`
+    (``gmm-sum-accs``), so the sum over jobs does not depend on how the data was split."""
+    gmm = model.gmm.to(device)
+    stats = gmm.zero_stats()
+    counts: dict[int, np.ndarray] = {}
+    for feats, ps in items:
+        pdf = pdfs_of(model.tree, frame_contexts(ps))
+        gmm.accumulate(torch.from_numpy(feats).to(device), torch.from_numpy(pdf).to(device),
+                       stats)
+        transition_counts(ps, counts, model.log_trans)
+    return gmm, stats, counts
+
+
+def add_transition_counts(total: dict[int, np.ndarray], part: Mapping[int, np.ndarray]) -> None:
+    """Add one job's transition counts to ``total`` (in place)."""
+    for p, c in part.items():
+        if p in total:
+            total[p] = total[p] + c
+        else:
+            total[p] = c.copy()
 
 
 @dataclass

@@ -44,6 +44,7 @@ from asrtrain.align.model import (
     AlignResult,
     GraphCache,
     Utterance,
+    accumulate_stats,
     align,
     check_failures,
     estimate_log_trans,
@@ -55,7 +56,6 @@ from asrtrain.align.model import (
     pdfs_of,
     read_int_table,
     read_utterances,
-    transition_counts,
     write_alignments,
     write_transforms,
 )
@@ -195,19 +195,8 @@ def _num_states(lang: Lang) -> dict[int, int]:
 def _accumulate(model: AcousticModel, utts: list[Utterance], phone_state: dict[str, np.ndarray],
                 device: torch.device) -> tuple:
     """GMM statistics and transition counts from a phone-state alignment."""
-    gmm = model.gmm.to(device)
-    stats = gmm.zero_stats()
-    counts: dict[int, np.ndarray] = {}
-    for u in utts:
-        ps = phone_state.get(u.utt)
-        if ps is None:
-            continue
-        ctx = frame_contexts(ps)
-        pdf = pdfs_of(model.tree, ctx)
-        gmm.accumulate(torch.from_numpy(u.feats).to(device), torch.from_numpy(pdf).to(device),
-                       stats)
-        transition_counts(ps, counts, model.log_trans)
-    return gmm, stats, counts
+    return accumulate_stats(model, ((u.feats, phone_state[u.utt]) for u in utts
+                                    if u.utt in phone_state), device)
 
 
 IterationHook = Callable[[int, AcousticModel, dict[str, np.ndarray]], dict | None]

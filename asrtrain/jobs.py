@@ -1,0 +1,192 @@
+"""Where a stage's parallel jobs run, as Kaldi's ``run.pl`` / ``slurm.pl`` (``cmd``): a pool of
+processes on this machine (``cmd: local``, the default) or a SLURM cluster (``cmd: slurm``).
+
+A job is a module-level function and one picklable argument; it reads its own part of the data
+from disk (a split of a data dir, :func:`split_by_speaker`), does its work, and returns what the
+parent needs (statistics, counts, a few paths): never the corpus.  :func:`run_jobs` runs the same
+functions whichever ``cmd``, so results do not depend on where they ran.  Every job first sets
+its thread counts (torch and the BLAS libraries) to ``threads`` (one by default: ``nj`` jobs of
+one thread fill ``nj`` cores); :func:`set_threads` does the same for a stage's own process.
+
+The recipe's keys: ``nj`` (jobs at once), ``cmd`` (``local`` | ``slurm``), ``threads`` (per job
+and per stage process), ``slurm:`` (partition, memory, time limit, extra sbatch options: see
+:class:`SlurmOptions`).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tqdm import tqdm
+
+from asrtrain import AsrtrainError
+
+log = logging.getLogger(__name__)
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
+
+CMDS = ("local", "slurm")
+
+
+@dataclass
+class SlurmOptions:
+    """``slurm:`` of a recipe: what each job asks the cluster for (``sbatch`` options)."""
+
+    partition: str | None = None
+    mem_gb: float = 4.0                  # per job
+    timeout_min: int = 24 * 60
+    cpus_per_task: int | None = None     # default: the job's ``threads``
+    folder: str | None = None            # submitit's logs and pickles; default exp/log/slurm
+    additional_parameters: dict = field(default_factory=dict)   # any other sbatch option
+    poll_s: float = 2.0                  # how often the parent looks at the queue
+
+    @classmethod
+    def from_config(cls, cfg: Mapping | None) -> SlurmOptions:
+        values = dict(cfg or {})
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise AsrtrainError(f"unknown slurm option(s) {unknown}; known: "
+                                f"{sorted(cls.__dataclass_fields__)}")
+        if "additional_parameters" in values:
+            values["additional_parameters"] = dict(values["additional_parameters"] or {})
+        return cls(**values)
+
+
+@dataclass
+class JobConfig:
+    """How a stage runs its jobs: ``nj`` at once, ``cmd`` where, ``threads`` each."""
+
+    nj: int = 1
+    cmd: str = "local"
+    threads: int = 1
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    log_dir: Path | None = None          # where ``cmd: slurm`` keeps its files (exp/log/slurm)
+
+    def __post_init__(self) -> None:
+        if self.cmd not in CMDS:
+            raise AsrtrainError(f"cmd={self.cmd!r}: expected one of {list(CMDS)}")
+        if int(self.nj) < 1 or int(self.threads) < 1:
+            raise AsrtrainError(f"nj={self.nj}, threads={self.threads}: both must be >= 1")
+        self.nj, self.threads = int(self.nj), int(self.threads)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping, log_dir: Path | None = None) -> JobConfig:
+        """From a recipe's top-level ``nj``, ``cmd``, ``threads``, ``slurm``."""
+        return cls(nj=int(cfg.get("nj", 1) or 1), cmd=str(cfg.get("cmd", "local") or "local"),
+                   threads=int(cfg.get("threads", 1) or 1),
+                   slurm=SlurmOptions.from_config(cfg.get("slurm")), log_dir=log_dir)
+
+
+def set_threads(n: int) -> None:
+    """This process's torch intra-op threads and its BLAS/OpenMP pools (numpy's OpenBLAS, MKL)
+    to ``n``; the environment too, for the processes it starts."""
+    import torch
+
+    n = max(1, int(n))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:   # a dependency of ours; absent only in a broken install
+        return
+    threadpool_limits(n)
+
+
+def _job_start(threads: int) -> None:
+    """A local job: its threads, the default action on SIGTERM (the pool's way of ending it),
+    and Ctrl-C left to the parent (it inherited the CLI's handlers, which print a traceback)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_threads(threads)
+
+
+class _Job:
+    """One job's call: the thread count set first (a SLURM job starts a fresh interpreter)."""
+
+    def __init__(self, fn: Callable[[Any], Any], threads: int) -> None:
+        self.fn, self.threads = fn, threads
+
+    def __call__(self, arg: Any) -> Any:
+        set_threads(self.threads)
+        return self.fn(arg)
+
+
+def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: str,
+             *, in_process: bool = False) -> list[_R]:
+    """``[fn(a) for a in args]``, each call a job, at most ``jobs.nj`` at once, on this machine
+    or the cluster (``jobs.cmd``); results in the order of ``args``.  A job that raises or dies
+    stops the run with an error naming the job (``desc`` and its index).  ``in_process`` (or a
+    single job with ``cmd: local``) runs the calls here, one after another: nothing to start."""
+    args = list(args)
+    if not args:
+        return []
+    if jobs.cmd == "slurm":
+        from asrtrain.slurm import run_slurm_jobs
+
+        return run_slurm_jobs(_Job(fn, jobs.threads), args, jobs, desc)
+    if in_process or len(args) == 1 or jobs.nj == 1:
+        return [fn(a) for a in tqdm(args, desc=desc, unit="job", file=sys.stderr,
+                                    disable=None if len(args) > 1 else True, leave=False)]
+    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    out: list[Any] = [None] * len(args)
+    with ProcessPoolExecutor(min(jobs.nj, len(args)), mp_context=ctx, initializer=_job_start,
+                             initargs=(jobs.threads,)) as pool, \
+            tqdm(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
+                 leave=False) as bar:
+        futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                out[i] = fut.result()
+            except BrokenProcessPool as e:
+                for f in futures:
+                    f.cancel()
+                running = sorted(futures[f] + 1 for f in futures if not f.done())
+                raise AsrtrainError(f"{desc}: a job process died (killed or out of memory) "
+                                    f"while jobs {running} of {len(args)} were running") from e
+            except AsrtrainError as e:
+                for f in futures:
+                    f.cancel()
+                raise AsrtrainError(f"{desc}: job {i + 1} of {len(args)}: {e}") from e
+            except Exception as e:
+                for f in futures:
+                    f.cancel()
+                raise AsrtrainError(f"{desc}: job {i + 1} of {len(args)} failed: "
+                                    f"{type(e).__name__}: {e}") from e
+            bar.update()
+    return out
+
+
+def split_by_speaker(spk2utt: Mapping[str, Sequence[str]], nj: int,
+                     frames: Mapping[str, int] | None = None) -> list[list[str]]:
+    """Utterance lists of at most ``nj`` parts, whole speakers in each (as Kaldi's
+    ``split_data.sh`` without ``--per-utt``: fMLLR needs a speaker's every utterance in one
+    job), balanced by frames when ``frames`` is given (else by utterances): speakers go, largest
+    first, to the lightest part.  Speakers and their utterances keep sorted order in a part, so
+    a part's contents depend only on the data and ``nj``."""
+    weight = {s: sum((frames or {}).get(u, 1) for u in us) for s, us in spk2utt.items()}
+    n = max(1, min(int(nj), len(spk2utt)))
+    load = [0] * n
+    parts: list[list[str]] = [[] for _ in range(n)]
+    for s in sorted(spk2utt, key=lambda s: (-weight[s], s)):
+        j = min(range(n), key=lambda j: (load[j], j))
+        parts[j].append(s)
+        load[j] += weight[s]
+    return [[u for s in sorted(p) for u in sorted(spk2utt[s])] for p in parts if p]
+
+
+def job_log_dir(exp_dir: Path | str) -> Path:
+    """``exp/log/slurm``: where ``cmd: slurm`` keeps submitit's pickles and the jobs' logs."""
+    return Path(exp_dir) / "log" / "slurm"
