@@ -30,8 +30,25 @@ if TEST_DEVICE == "cpu":
             raise RuntimeError("tests/conftest.py: CUDA was initialised before the CPU pin")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 REPO = Path(__file__).resolve().parents[1]
+#: The developers' folder beside a checkout (design notes, fixture originals). A user's clone has
+#: none, so no test may read it: every fixture a test reads is in tests/fixtures/, with its
+#: provenance. The audit hook below makes a read there an error in every test of this process,
+#: so CI, which has the folder beside its clone, proves the suite does not need it.
+OUTSIDE = REPO.parent / "shared"
+
+
+def _no_reads_outside(event: str, args: tuple) -> None:
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.fsdecode(args[0])
+        if path.startswith(str(OUTSIDE) + os.sep) or os.path.abspath(path).startswith(
+                str(OUTSIDE) + os.sep):
+            raise PermissionError(f"{path}: tests must not read {OUTSIDE} (a user's clone has "
+                                  "no such folder): copy the file into tests/fixtures/ with its "
+                                  "provenance")
+
+
+sys.addaudithook(_no_reads_outside)
 # bench/synthetic.py, the synthetic learner of the distributed tests and the benchmarks
 if str(REPO / "bench") not in sys.path:
     sys.path.insert(0, str(REPO / "bench"))

@@ -23,7 +23,7 @@ from asrtrain.data.audio import (
 )
 from asrtrain.data.datadir import DataDir, Segment
 
-SPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sph"
+SPH_DIR = Path(__file__).resolve().parent / "fixtures" / "sph"   # see its README
 SPH_FILES = sorted(SPH_DIR.glob("*.sph"))
 
 

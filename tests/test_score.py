@@ -25,7 +25,7 @@ from asrtrain.score.hub5 import score_hub5_python
 from asrtrain.score.sclite import run_hubscr, sctk_bin
 from asrtrain.score.stm import fix_eval2000_stm_line, read_stm
 
-GLM = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "glm" / "en20030506.glm"
+GLM = Path(__file__).resolve().parent / "fixtures" / "glm" / "en20030506.glm"   # see its README
 HEADER = ';; LABEL "O" "Overall" "Overall"\n'
 
 

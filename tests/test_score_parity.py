@@ -21,7 +21,7 @@ from asrtrain.score import score_hub5
 from asrtrain.score.hub5 import SUBSETS, score_hub5_python
 from asrtrain.score.sclite import run_hubscr, sctk_bin
 
-GLM = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "glm" / "en20030506.glm"
+GLM = Path(__file__).resolve().parent / "fixtures" / "glm" / "en20030506.glm"   # see its README
 
 WORDS = ["the", "and", "i", "you", "that", "it", "to", "a", "of", "know", "yeah", "so", "we",
          "they", "have", "like", "but", "well", "there", "their", "right", "really", "think",

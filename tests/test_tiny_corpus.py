@@ -20,7 +20,7 @@ HUB5_AUDIO = TINY / "LDC2002S09" / "hub5e_00" / "english"
 HUB5_REF = TINY / "LDC2002T43" / "reference"
 STM = HUB5_REF / "hub5e00.english.000405.stm"
 PEM = HUB5_AUDIO / "hub5e_00.pem"
-GLM_FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "glm" / "en20030506.glm"
+GLM_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "glm" / "en20030506.glm"
 
 # Tokens that Kaldi's swbd1_data_prep.sh / swbd1_prepare_dict.sh treat specially: [silence] and
 # the aside markers are removed, the noise words get phones added by the recipe (not in ms98).
