@@ -1,0 +1,92 @@
+"""The job runner (asrtrain.jobs): results in order, errors that name the job, threads per job,
+whole speakers per split."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.jobs import JobConfig, SlurmOptions, run_jobs, set_threads, split_by_speaker
+
+
+def _square_and_pid(x: int) -> tuple[int, int, int]:
+    return x * x, os.getpid(), torch.get_num_threads()
+
+
+def _fail_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three is not allowed")
+    return x
+
+
+def _die_on_two(x: int) -> int:
+    if x == 2:
+        os._exit(9)   # a job killed from outside looks the same to the pool
+    return x
+
+
+@pytest.mark.timeout(120)
+def test_local_jobs_run_in_processes_in_order_with_their_threads():
+    out = run_jobs(_square_and_pid, list(range(7)), JobConfig(nj=3, threads=1), "squares")
+    assert [r[0] for r in out] == [x * x for x in range(7)]
+    assert os.getpid() not in {r[1] for r in out}
+    assert {r[2] for r in out} == {1}
+    two = run_jobs(_square_and_pid, [1, 2], JobConfig(nj=2, threads=2), "two threads")
+    assert {r[2] for r in two} == {2}
+
+
+def test_one_job_runs_here():
+    out = run_jobs(_square_and_pid, [4], JobConfig(nj=4), "one")
+    assert out[0][:2] == (16, os.getpid())
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_job_is_named():
+    with pytest.raises(AsrtrainError, match=r"counting: job 4 of 5 failed: ValueError: three"):
+        run_jobs(_fail_on_three, list(range(5)), JobConfig(nj=2), "counting")
+
+
+@pytest.mark.timeout(120)
+def test_a_dying_job_is_an_error_not_a_hang():
+    with pytest.raises(AsrtrainError, match=r"dying: a job process died"):
+        run_jobs(_die_on_two, list(range(4)), JobConfig(nj=2), "dying")
+
+
+def test_config_errors():
+    with pytest.raises(AsrtrainError, match="cmd='qsub'"):
+        JobConfig(cmd="qsub")
+    with pytest.raises(AsrtrainError, match="nj=0"):
+        JobConfig(nj=0)
+    with pytest.raises(AsrtrainError, match=r"unknown slurm option\(s\) \['queue'\]"):
+        SlurmOptions.from_config({"queue": "x"})
+    c = JobConfig.from_config({"nj": 3, "cmd": "slurm", "threads": 2,
+                               "slurm": {"partition": "debug", "mem_gb": 2}})
+    assert (c.nj, c.cmd, c.threads, c.slurm.partition, c.slurm.mem_gb) == (3, "slurm", 2,
+                                                                           "debug", 2)
+
+
+def test_set_threads_sets_torch_and_the_environment():
+    before = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_split_by_speaker_keeps_speakers_whole_and_balances_frames():
+    spk2utt = {"a": ["a1", "a2"], "b": ["b1"], "c": ["c1", "c2", "c3"], "d": ["d1"]}
+    frames = {"a1": 100, "a2": 100, "b1": 300, "c1": 50, "c2": 50, "c3": 50, "d1": 10}
+    parts = split_by_speaker(spk2utt, 2, frames)
+    assert sorted(u for p in parts for u in p) == sorted(frames)
+    spk_of = {u: s for s, us in spk2utt.items() for u in us}
+    for s in spk2utt:   # every speaker in exactly one part
+        assert sum(any(spk_of[u] == s for u in p) for p in parts) == 1
+    loads = sorted(sum(frames[u] for u in p) for p in parts)
+    assert loads == [310, 350]   # largest first to the lightest part: b+d, a+c
+    assert split_by_speaker(spk2utt, 2, frames) == parts            # the same every time
+    assert len(split_by_speaker(spk2utt, 10)) == 4                   # at most one per speaker
+    assert split_by_speaker(spk2utt, 1) == [sorted(frames)]
