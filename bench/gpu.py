@@ -17,9 +17,13 @@ size (chunks per step) and precision (``trainer.precision``):
   vector (as the AD-PSGD gossip does, through host memory), seconds and MB/s per exchange; on
   CUDA also the device→host→device copies of that vector.
 
+Precisions the device cannot train the model in (bf16 on a CPU without AVX-512: the trainer's
+own probe, :func:`asrtrain.models.precision.precision_refusal`) are left out, and the output and
+the JSON's ``precisions_left_out`` say why.
+
 Writes ``<out>/gpu.json`` (rows with ``device``, ``chunks``, ``precision``, ``model_only_fps``,
 ``end_to_end_fps``, ``end_to_end_share``, ``chunk_data``: the trainer's loader, resident or
-stream; the gossip figures; the settings) and ``<out>/gpu.png``.
+stream; ``precisions_left_out``; the gossip figures; the settings) and ``<out>/gpu.png``.
 ``--quick`` runs on the CPU with a small model and small batches in well under 2 minutes (the
 test runs it); the full run uses CUDA when there is a GPU. End to end here means one learner:
 the gossip's cost is measured beside it, not inside the steps.
@@ -50,6 +54,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from asrtrain.distributed.backend import SingleProcessBackend  # noqa: E402
 from asrtrain.fileio import atomic_open, write_text  # noqa: E402
 from asrtrain.models import build_model  # noqa: E402
+from asrtrain.models.precision import precision_refusal  # noqa: E402
 from asrtrain.train.chunks import ChunkBatch  # noqa: E402
 from asrtrain.train.config import TrainerConfig  # noqa: E402
 from asrtrain.train.schedule import LRSchedule  # noqa: E402
@@ -305,19 +310,38 @@ def plot(rows: list[dict], png: Path) -> None:
     plt.close(fig)
 
 
+def supported_precisions(precisions: list[str], device: torch.device
+                         ) -> tuple[list[str], dict[str, str]]:
+    """The precisions of ``precisions`` the model trains in on ``device``, and why each other
+    one is left out (printed too).
+
+    Raises:
+        SystemExit: none is left to measure.
+    """
+    left_out = {p: why for p in precisions if (why := precision_refusal(p, device)) is not None}
+    for p, why in left_out.items():
+        print(f"precision {p} left out: {why}", flush=True)
+    kept = [p for p in precisions if p not in left_out]
+    if not kept:
+        raise SystemExit(f"bench/gpu.py: no precision to measure: {'; '.join(left_out.values())}")
+    return kept, left_out
+
+
 def run(s: Settings, out: Path) -> dict:
     """Every measurement of ``s``; writes ``out/gpu.json`` and ``out/gpu.png``."""
     device = s.torch_device()
     if device.type == "cpu":
         torch.set_num_threads(1)  # as a CPU learner trains (trainer.threads=0)
     logging.basicConfig(level=logging.WARNING)
+    precisions, left_out = supported_precisions(s.precisions, device)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         exp = write_task(Path(tmp) / "exp", s)
         rows = [measure(exp, s, chunks, precision, data) for data in s.chunk_data
-                for precision in s.precisions for chunks in s.chunks]
+                for precision in precisions for chunks in s.chunks]
     gossip = gossip_exchange(s.gossip_params or rows[0]["parameters"], s.gossip_rounds,
                              device)
-    result = {"rows": rows, "gossip": gossip, "settings": asdict(s), "torch": torch.__version__}
+    result = {"rows": rows, "precisions_left_out": left_out, "gossip": gossip,
+              "settings": asdict(s), "torch": torch.__version__}
     write_text(out / "gpu.json", json.dumps(result, indent=1) + "\n")
     plot(rows, out / "gpu.png")
     return result

@@ -1,21 +1,31 @@
 """trainer.precision: bf16 autocast for both tasks on CPU (the same code runs on CUDA), weights,
-gradients, optimizer state and loss in fp32, recorded in the checkpoints and kept on resume."""
+gradients, optimizer state and loss in fp32, recorded in the checkpoints and kept on resume; a
+device without bf16 LSTM kernels (a CPU without AVX-512) refused in one line before training.
+
+The refusal runs for real here: ``ONEDNN_MAX_CPU_ISA=AVX2`` caps oneDNN below AVX-512, where
+torch's own bf16 LSTM fails as it does on the project's AMD EPYC CPUs (checked first, with torch
+alone, by :func:`onednn_cap_breaks_bf16_lstm`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from test_curves import _alignments
 from test_train_single import build_exp, make_cfg
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import SingleProcessBackend
 from asrtrain.models import build_model
+from asrtrain.models.precision import precision_refusal
 from asrtrain.train import checkpoint
 from asrtrain.train.config import TrainerConfig
 from asrtrain.train.curves import read_scalars
@@ -23,6 +33,42 @@ from asrtrain.train.tasks import build_task
 from asrtrain.train.trainer import autocast, build_optimizer, train
 
 REPO = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+#: Why this machine's CPU cannot train in bf16 (the trainer's probe), or None.
+BF16_REFUSAL = precision_refusal("bf16", CPU)
+needs_cpu_bf16 = pytest.mark.skipif(BF16_REFUSAL is not None, reason=f"{BF16_REFUSAL}")
+#: oneDNN capped below AVX-512, as on the project's AMD EPYC CPUs.
+NO_AVX512 = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+#: One line the CLI prints when it refuses bf16 on such a CPU.
+NO_AVX512_REFUSAL = re.compile(
+    r"asrtrain: error: trainer\.precision=bf16: this CPU \(.+, ONEDNN_MAX_CPU_ISA=AVX2\) has "
+    r"no bf16 LSTM kernel \(oneDNN: .*primitive.*\): use trainer\.precision=fp32")
+
+
+@functools.cache
+def onednn_cap_breaks_bf16_lstm() -> bool:
+    """Whether torch's own bidirectional LSTM fails in bf16 autocast under :data:`NO_AVX512`
+    (x86 CPUs with oneDNN; elsewhere the cap means nothing and there is nothing to refuse)."""
+    code = ("import torch\n"
+            "m = torch.nn.LSTM(4, 4, batch_first=True, bidirectional=True)\n"
+            "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+            "    y = m(torch.randn(2, 3, 4))[0]\n"
+            "y.float().sum().backward()\n")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **NO_AVX512},
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode != 0 and "primitive descriptor" in proc.stderr
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=300)
+
+
+def assert_one_line_refusal(proc: subprocess.CompletedProcess, pattern: re.Pattern) -> None:
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert pattern.fullmatch(proc.stderr.strip().splitlines()[-1]), proc.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +108,7 @@ def test_bad_precision_is_one_cli_error_line(tmp_path: Path) -> None:
         "asrtrain: error: trainer.precision='fp16': expected one of fp32, bf16")
 
 
+@needs_cpu_bf16
 @pytest.mark.parametrize("head", ["ce", "ctc"])
 def test_bf16_step_is_close_to_fp32_and_keeps_fp32_state(exp: Path, tmp_path: Path,
                                                          head: str) -> None:
@@ -94,6 +141,7 @@ def test_bf16_step_is_close_to_fp32_and_keeps_fp32_state(exp: Path, tmp_path: Pa
                    if k != "step"), name
 
 
+@needs_cpu_bf16
 def test_bf16_training_is_recorded_logged_and_kept_on_resume(exp: Path, tmp_path: Path,
                                                             caplog) -> None:
     """A bf16 hybrid run: its losses are close to an fp32 run's, every checkpoint says bf16, the
@@ -128,6 +176,53 @@ def test_bf16_training_is_recorded_logged_and_kept_on_resume(exp: Path, tmp_path
     assert again["precision"] == "bf16"
     for k in first:
         torch.testing.assert_close(again["model"][k], first[k], rtol=0, atol=0)
+
+
+def learner_config(exp: Path, tmp_path: Path) -> Path:
+    """The resolved config a train stage hands its learners: one bf16 hybrid epoch."""
+    cfg = ce_cfg(exp, tmp_path, **{"trainer.epochs": 1, "trainer.precision": "bf16"})
+    path = tmp_path / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(cfg))
+    return path
+
+
+def test_bf16_here_trains_or_is_refused_before_training(exp: Path, tmp_path: Path) -> None:
+    """This machine as it is: a learner (``asrtrain train``) asked for bf16 trains in it where
+    the probe found the kernels, else refuses in one line before writing any checkpoint; never
+    a crash mid-epoch. A dry run of the recipe agrees."""
+    config = learner_config(exp, tmp_path)
+    proc = run_cli(["train", str(config)])
+    model = tmp_path / "model"
+    dry = run_cli(["run", "recipes/tiny", f"exp_dir={tmp_path / 'exp'}",
+                   "trainer.precision=bf16", "--dry-run"])
+    if BF16_REFUSAL is None:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert checkpoint.load(model / "final.pt")["precision"] == "bf16"
+        assert dry.returncode == 0, dry.stderr[-3000:]
+    else:
+        refusal = re.compile(re.escape(f"asrtrain: error: trainer.precision=bf16: {BF16_REFUSAL}"
+                                       ": use trainer.precision=fp32"))
+        assert_one_line_refusal(proc, refusal)
+        assert not list(model.glob("*.pt"))
+        assert_one_line_refusal(dry, refusal)
+
+
+def test_bf16_without_avx512_is_refused_in_one_line(exp: Path, tmp_path: Path) -> None:
+    """oneDNN capped at AVX2 (what an AMD EPYC without AVX-512 has): the learner refuses bf16
+    before training, naming the CPU and oneDNN's missing kernel, without a traceback; so does a
+    run of the recipe, before its first stage writes anything; fp32 still trains."""
+    if not onednn_cap_breaks_bf16_lstm():
+        pytest.skip("torch's bf16 LSTM runs under ONEDNN_MAX_CPU_ISA=AVX2 here: nothing to refuse")
+    config = learner_config(exp, tmp_path)
+    assert_one_line_refusal(run_cli(["train", str(config)], NO_AVX512), NO_AVX512_REFUSAL)
+    assert not list((tmp_path / "model").glob("*.pt"))
+    assert_one_line_refusal(run_cli(["run", "recipes/tiny", f"exp_dir={tmp_path / 'exp'}",
+                                     "trainer.precision=bf16"], NO_AVX512), NO_AVX512_REFUSAL)
+    assert not (tmp_path / "exp").exists()
+    config.write_text(config.read_text().replace("precision: bf16", "precision: fp32"))
+    proc = run_cli(["train", str(config)], NO_AVX512)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert checkpoint.load(tmp_path / "model" / "final.pt")["precision"] == "fp32"
 
 
 @pytest.mark.cuda

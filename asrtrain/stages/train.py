@@ -15,7 +15,14 @@ def check_trainer(trainer: DictConfig) -> None:
     the checkpoints of a finished run)."""
     from asrtrain.train.config import TrainerConfig
 
-    TrainerConfig.from_config(trainer)
+    t = TrainerConfig.from_config(trainer)
+    if t.precision != "fp32":  # a CPU that cannot train in it is refused before any stage runs
+        import torch
+
+        from asrtrain.models.precision import check_precision
+
+        if t.cpu or not torch.cuda.is_available():  # GPUs: the trainer checks its own
+            check_precision(t.precision, torch.device("cpu"))
 
 
 def trainer_settings(trainer: DictConfig) -> dict:

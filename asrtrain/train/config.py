@@ -158,7 +158,9 @@ class TrainerConfig:
     CUDA is available), ``seed`` (the initial model, the batch order, SpecAugment draws and the
     randomized gossip ring).
     Precision: ``precision``, ``fp32`` or ``bf16`` (the forward pass and the loss's inputs
-    under autocast in bfloat16; weights, gradients, optimizer state and the loss in fp32).
+    under autocast in bfloat16; weights, gradients, optimizer state and the loss in fp32). A
+    device whose kernels cannot (a CPU without AVX-512) is refused before training, not here
+    (this module does not import torch): :func:`asrtrain.models.precision.check_precision`.
     Optimisation: ``epochs``, ``optimizer`` (adam | sgd), ``lr``, ``momentum`` and ``nesterov``
     (sgd), ``weight_decay``, ``grad_clip`` (max gradient norm; 0: none), the LR schedule
     (:class:`asrtrain.train.schedule.LRSchedule`: ``warmup_epochs``, ``warmup_start``,

@@ -12,14 +12,16 @@ training curves (:mod:`asrtrain.train.curves`: TensorBoard events in the model d
 :class:`asrtrain.train.config.TrainerConfig` (defaults and checks there).
 
 ``trainer.precision=bf16`` runs the forward pass and the loss's inputs under autocast
-(:func:`autocast`; the model hands the loss fp32 logits), backward outside it: weights, gradients,
-the optimizer state and the loss stay fp32. The dev set is evaluated in fp32, as decoders run the
-model. The precision is logged at the start and recorded in every model checkpoint.
+(:func:`asrtrain.models.precision.autocast`; the model hands the loss fp32 logits), backward
+outside it: weights, gradients, the optimizer state and the loss stay fp32. The dev set is
+evaluated in fp32, as decoders run the model. A device whose kernels cannot train the model in
+bf16 (a CPU without AVX-512, a GPU before Ampere) is refused in one line before anything is built
+(:func:`asrtrain.models.precision.check_precision`). The precision is logged at the start and
+recorded in every model checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
@@ -36,6 +38,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import Backend
 from asrtrain.models import build_model
+from asrtrain.models.precision import autocast, check_precision
 from asrtrain.train import checkpoint
 from asrtrain.train.config import SpecAugment, TrainerConfig
 from asrtrain.train.curves import Curves, plot_curves
@@ -52,22 +55,6 @@ def build_optimizer(cfg: TrainerConfig, params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                weight_decay=cfg.weight_decay)
     raise AsrtrainError(f"trainer.optimizer={cfg.optimizer!r}: expected adam or sgd")
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The context the forward pass and the loss run in: bf16 autocast on ``device``'s type
-    (cuda or cpu) for ``precision`` bf16, nothing for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def check_precision(precision: str, device: torch.device) -> None:
-    """bf16 needs a GPU that computes in it (Ampere or newer); CPUs emulate it."""
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(
-            including_emulation=False):
-        raise AsrtrainError(f"trainer.precision=bf16: {torch.cuda.get_device_name(device)} "
-                            "does not compute in bfloat16; use trainer.precision=fp32")
 
 
 def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, cfg: SpecAugment,
