@@ -160,6 +160,12 @@ class Paths:
         data dir)."""
         return self.exp / "data" / f"{name}_mfcc"
 
+    def mfcc_subset(self, name: str, subset: str) -> Path:
+        """The MFCC data dir of a subset of set ``name`` that a GMM pass trains on, named by its
+        rules (``asrtrain.data.datadir.subset_slug``: ``first100000_maxdup200``, Kaldi's
+        ``train_100k_nodup``); the set itself when ``subset`` is empty."""
+        return self.mfcc_set(f"{name}_{subset}" if subset else name)
+
     def fmllr_set(self, name: str) -> Path:
         """The copy of data set ``name`` whose ``feats.scp`` holds speaker-adapted (fMLLR)
         features of the last SAT pass, for the hybrid model's input (no ``cmvn.scp``: they are

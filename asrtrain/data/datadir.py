@@ -345,3 +345,132 @@ def write_table(path: str | Path, table: dict[str, str]) -> None:
     with atomic_open(path, "w", encoding="utf-8") as f:
         for key in sorted(table):
             f.write(f"{key} {table[key]}\n")
+
+
+# ------------------------------------------------------------------------------ subsets
+#: The rules of :func:`subset_data_dir`, each Kaldi's (``utils/subset_data_dir.sh`` and
+#: ``utils/data/remove_dup_utts.sh``); their values are counts, ``speaker_prefix``'s a string.
+SUBSET_RULES = ("shortest", "first", "last", "evenly", "speakers", "speaker_prefix", "max_dup")
+
+
+def check_subset_rules(rules: object, where: str) -> list[tuple[str, int | str]]:
+    """``rules`` (a list of one-key mappings, or one mapping of one key, or None) as a list of
+    ``(rule, value)``; a user error names ``where`` and what is expected."""
+    if rules is None:
+        return []
+    items = [rules] if isinstance(rules, dict) else rules
+    if not isinstance(items, list):
+        raise AsrtrainError(f"{where}={rules!r}: expected a list of subset rules, e.g. "
+                            "[{shortest: 100000}, {evenly: 30000}]")
+    out: list[tuple[str, int | str]] = []
+    for item in items:
+        if not isinstance(item, dict) or len(item) != 1:
+            raise AsrtrainError(f"{where}: {item!r} is not one rule; write each as a mapping of "
+                                f"one key, one of {', '.join(SUBSET_RULES)}")
+        (rule, value), = item.items()
+        if rule not in SUBSET_RULES:
+            raise AsrtrainError(f"{where}: unknown subset rule {rule!r}; expected one of "
+                                f"{', '.join(SUBSET_RULES)}")
+        if rule == "speaker_prefix":
+            if not isinstance(value, str) or not value:
+                raise AsrtrainError(f"{where}: speaker_prefix={value!r}: expected a non-empty "
+                                    "string (e.g. sw0: the Switchboard speakers)")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1 or \
+                (rule == "max_dup" and value < 2):
+            raise AsrtrainError(f"{where}: {rule}={value!r}: expected a positive count"
+                                + (" of at least 2 (remove_dup_utts.sh's max-count)"
+                                   if rule == "max_dup" else ""))
+        out.append((rule, value))
+    return out
+
+
+def subset_slug(rules: list[tuple[str, int | str]]) -> str:
+    """A name for the subset ``rules`` make (``first100000_maxdup200``; empty for none): the
+    subset data dir is named by its rules, so passes on the same subset share one dir."""
+    return "_".join(f"{rule.replace('_', '')}{value}" for rule, value in rules)
+
+
+def subset_data_dir(data: DataDir, rules: list[tuple[str, int | str]]) -> DataDir:
+    """``data`` cut by ``rules`` in order, as the Kaldi scripts cut a data dir:
+
+    - ``shortest: N``: ``subset_data_dir.sh --shortest``, the N utterances of fewest frames
+      (``utt2num_frames``; ties in C order of the utterance id, as ``sort -n -k2`` breaks them);
+    - ``first: N`` / ``last: N``: ``--first`` / ``--last``, the first / last N of ``utt2spk``;
+    - ``evenly: N``: ``subset_data_dir.sh`` with no option, N utterances spread evenly through
+      ``utt2spk`` (``subset_scp.pl``'s halving, no randomness);
+    - ``speakers: N``: ``--speakers``, whole speakers in ``shuffle_list.pl``'s order (Perl's
+      ``srand(0)``, ``drand48``) until they hold at least N utterances;
+    - ``speaker_prefix: P``: ``--spk-list`` of the speakers whose id starts with P (fisher_swbd's
+      ``swbd_spklist``: ``sw0``);
+    - ``max_dup: N``: ``remove_dup_utts.sh N``, about N copies of any transcript at most.
+
+    A count over the utterances left is an error, as in ``subset_data_dir.sh``.
+    """
+    for rule, value in rules:
+        utts = data.utts
+        if rule == "speaker_prefix":
+            keep = [u for u in utts if data.utt2spk[u].startswith(str(value))]
+            if not keep:
+                raise AsrtrainError(f"{data.source}: no speaker id starts with {value!r}")
+            data = data.subset(keep)
+            continue
+        if rule == "max_dup":
+            from asrtrain.data.corpora.swbd import remove_dup_utts
+
+            data = remove_dup_utts(data, int(value))
+            continue
+        n = int(value)
+        if n > len(utts):
+            raise AsrtrainError(f"{data.source}: {rule}={n} asks for more utterances than the "
+                                f"{len(utts)} left (subset_data_dir.sh refuses it too)")
+        if rule == "shortest":
+            missing = [u for u in utts if u not in data.utt2num_frames]
+            if missing:
+                raise AsrtrainError(f"{data.source}/utt2num_frames: missing or lacks {missing[0]}"
+                                    "; shortest needs the features' lengths (run mfcc first)")
+            data = data.subset(sorted(utts, key=lambda u: (data.utt2num_frames[u], u))[:n])
+        elif rule == "first":
+            data = data.subset(utts[:n])
+        elif rule == "last":
+            data = data.subset(utts[len(utts) - n:])
+        elif rule == "evenly":
+            data = data.subset(_spread(utts, n))
+        else:   # speakers
+            data = data.subset(_shuffled_speakers(data, n))
+    return data
+
+
+def _spread(items: list[str], n: int) -> list[str]:
+    """``subset_scp.pl``'s ``select_n``: halve the list and the count, recursively."""
+    out: list[str] = []
+
+    def select(start: int, end: int, needed: int) -> None:
+        if end - start == 1:
+            if needed > 0:
+                out.append(items[start])
+            return
+        half = (end - start) // 2
+        select(start, start + half, needed // 2)
+        select(start + half, end, needed - needed // 2)
+
+    if items and n > 0:
+        select(0, len(items), n)
+    return out
+
+
+def _shuffled_speakers(data: DataDir, n: int) -> list[str]:
+    """The utterances of whole speakers taken as ``subset_data_dir.sh --speakers`` takes them:
+    ``shuffle_list.pl`` keys each spk2utt line with Perl's ``rand()`` after ``srand(0)`` (a
+    48-bit LCG, drand48) and sorts the keys as strings (Perl prints them ``%.15g``); ``awk``
+    keeps speakers while fewer than N utterances are kept."""
+    x = 0x330E                     # srand(0): (seed << 16) + 0x330E
+    keyed = []
+    for spk, utts in data.spk2utt.items():
+        x = (x * 0x5DEECE66D + 0xB) % (1 << 48)
+        keyed.append((f"{x / 2 ** 48:.15g}", spk, utts))
+    keep: list[str] = []
+    for _key, _spk, utts in sorted(keyed, key=lambda k: k[0]):
+        if len(keep) >= n:
+            break
+        keep.extend(utts)
+    return keep

@@ -8,9 +8,17 @@ When the last pass is SAT, or ``align.kaldi_fmllr`` names a Kaldi experiment's `
 ``trans.*``, a last step writes the speaker-adapted feature dirs ``paths.fmllr_set(set)`` of the
 train, dev and test sets (the hybrid model's ``append: [fmllr]`` input).
 
+A pass trains on ``sets.train`` or, with ``align.passes.NAME.data``, on a subset of it cut by
+Kaldi's rules (:func:`asrtrain.data.datadir.subset_data_dir`: ``shortest``, ``first``,
+``evenly``, ``speakers``, ``max_dup`` ...; s5c's train_30kshort and train_100k_nodup) into
+``paths.mfcc_subset``; a pass on other data than its ``from`` pass starts from that pass's
+alignment of its own data (align_si.sh: ``align/<from>_ali_<data>``). The last pass trains on
+all of ``sets.train``.
+
 Each pass is an inner step keyed by the stage's resume key and the options of the passes up to
-it: a run killed in ``tri2`` resumes at ``tri2``, a change to ``tri2`` keeps ``mono`` and
-``tri1``, and any change upstream (corpus, lang, MFCCs) reruns them all.  Each pass's decoding is
+it (its ``data`` among them): a run killed in ``tri2`` resumes at ``tri2``, a change to
+``tri2`` keeps ``mono`` and ``tri1``, and any change upstream (corpus, lang, MFCCs) reruns them
+all.  Each pass's decoding is
 a step of its own, keyed also by where its acoustic scale is chosen (``score.tune_on``: the test
 set itself, or the dev set, decoded first), so changing that redecodes without retraining.
 
@@ -71,20 +79,64 @@ def last_pass_is_sat(cfg: DictConfig) -> bool:
             and pass_type(list(cfg.align.passes.values())[-1]) == "sat")
 
 
+def pass_data(cfg: DictConfig, paths: Paths, name: str) -> Path:
+    """The MFCC data dir pass ``name`` trains on: ``sets.train``, or its subset by the pass's
+    ``data`` rules (Kaldi's train_30kshort, train_100k_nodup: see conf/align/swb.yaml)."""
+    from asrtrain.data.datadir import check_subset_rules, subset_slug
+
+    rules = check_subset_rules(_plain(cfg.align.passes[name].get("data")),
+                               f"align.passes.{name}.data")
+    return paths.mfcc_subset(str(cfg.sets.train), subset_slug(rules))
+
+
+def _plain(value: object) -> object:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _write_pass_data(ctx: StageContext, name: str, out: Path) -> None:
+    """Cut the pass's subset from ``sets.train``'s MFCC dir (subset_data_dir.sh and
+    remove_dup_utts.sh, in the order the rules are given) and write it to ``out``."""
+    from asrtrain.data.datadir import DataDir, check_subset_rules, subset_data_dir
+
+    cfg, paths = ctx.cfg, ctx.paths
+    rules = check_subset_rules(_plain(cfg.align.passes[name].get("data")),
+                               f"align.passes.{name}.data")
+    full = DataDir.read(paths.mfcc_set(str(cfg.sets.train)))
+    subset = subset_data_dir(full, rules)
+    subset.write(out)
+    log.info("align %s: trains on %s, %d of %s's %d utterances", name, out.name,
+             len(subset.utt2spk), cfg.sets.train, len(full.utt2spk))
+
+
+def pass_alignments(cfg: DictConfig, paths: Paths, name: str) -> Path | None:
+    """Where pass ``name`` reads its starting alignments: its ``from`` pass's dir when both
+    train on the same data, else that pass's model's alignment of this pass's data (Kaldi's
+    ``align_si.sh data/train_100k_nodup ... exp/mono exp/mono_ali`` before tri1); None for the
+    first pass."""
+    src = cfg.align.passes[name].get("from")
+    if src is None:
+        return None
+    data = pass_data(cfg, paths, name)
+    if data == pass_data(cfg, paths, src):
+        return paths.align_pass(src)
+    return paths.align_pass(f"{src}_ali_{data.name.removesuffix('_mfcc')}")
+
+
 def _train_pass(ctx: StageContext, name: str, opts: DictConfig) -> None:
     from asrtrain import align
 
     cfg, paths = ctx.cfg, ctx.paths
     out = paths.align_pass(name)
-    gmm = {k: v for k, v in OmegaConf.to_container(opts, resolve=True).items() if k != "from"}
+    gmm = {k: v for k, v in OmegaConf.to_container(opts, resolve=True).items()
+           if k not in ("from", "data")}
     gmm.setdefault("nj", int(cfg.get("nj", 1)))   # same alignments whatever nj: not in the key
-    data = paths.mfcc_set(cfg.sets.train)
+    data = pass_data(cfg, paths, name)
     if opts["from"] is None:
         summary = align.train_mono(data, paths.lang, out, gmm)
     else:
         train = {"deltas": align.train_tri, "lda_mllt": align.train_lda_mllt,
                  "sat": align.train_sat}[pass_type(opts)]
-        summary = train(data, paths.lang, paths.align_pass(opts["from"]), out, gmm)
+        summary = train(data, paths.lang, pass_alignments(cfg, paths, name), out, gmm)
     log.info("align %s: %d pdfs, %d Gaussians, %d utterances (%d failed), log-likelihood %.2f "
              "per frame; every iteration in %s", name, summary["num_pdfs"], summary["num_gauss"],
              summary["utterances"], summary["failed"], summary["final_loglike_per_frame"],
@@ -168,11 +220,17 @@ def _log_first_pass(name: str, set_name: str, summary: dict) -> None:
 def _align_dev(ctx: StageContext, last: str, dev: Path, where: dict) -> None:
     """The dev set aligned with the last pass (align_fmllr.sh: with its own transforms when the
     pass is SAT), for the hybrid model's held-out figures and its fMLLR features."""
+    _align_with(ctx, last, ctx.paths.mfcc_set(ctx.cfg.sets.dev), dev, where)
+
+
+def _align_with(ctx: StageContext, model: str, data: Path, out: Path, where: dict) -> None:
+    """``data`` aligned with pass ``model`` into ``out`` (align_si.sh; align_fmllr.sh when the
+    pass is SAT)."""
     from asrtrain.align import align_data, align_fmllr
 
     cfg, paths = ctx.cfg, ctx.paths
-    aligner = align_fmllr if pass_type(cfg.align.passes[last]) == "sat" else align_data
-    aligner(paths.mfcc_set(cfg.sets.dev), paths.lang, paths.align_pass(last), dev, where)
+    aligner = align_fmllr if pass_type(cfg.align.passes[model]) == "sat" else align_data
+    aligner(data, paths.lang, paths.align_pass(model), out, where)
 
 
 def run(ctx: StageContext) -> None:
@@ -197,6 +255,20 @@ def _run_passes(ctx: StageContext) -> None:
     tests = [str(t) for t in cfg.sets.test]
     chain: list = []
     for name, opts in cfg.align.passes.items():
+        data = pass_data(cfg, paths, name)
+        if data != paths.mfcc_set(str(cfg.sets.train)):
+            _step(ctx, data / ".done", ctx.step_key("subset", passes[name].get("data")),
+                  data.name, lambda name=name, data=data: _write_pass_data(ctx, name, data))
+        ali = pass_alignments(cfg, paths, name)
+        if ali is not None and ali != paths.align_pass(opts["from"]):
+            # the from pass's model aligns this pass's data first (align_si.sh; align_fmllr.sh
+            # from a SAT pass), keyed by the passes so far and this pass's data
+            where = {"nj": int(cfg.get("nj", 1)),
+                     "device": passes[opts["from"]].get("device", "cpu")}
+            _step(ctx, ali / ".done",
+                  ctx.step_key("pass data", chain, passes[name].get("data")), ali.name,
+                  lambda name=name, opts=opts, data=data, ali=ali, where=where:
+                  _align_with(ctx, opts["from"], data, ali, where))
         chain.append([name, passes[name]])
         out = paths.align_pass(name)
         _step(ctx, out / ".done", ctx.step_key("pass", chain), name,
@@ -286,6 +358,8 @@ def check(cfg: DictConfig) -> None:
 def _check_passes(cfg: DictConfig) -> None:
     """Every pass after the first starts from an earlier one; its type is known; a SAT pass
     starts from an LDA+MLLT or SAT pass (train_sat.sh needs the ``final.mat`` it adapts)."""
+    from asrtrain.data.datadir import check_subset_rules
+
     if not cfg.align.passes:
         raise AsrtrainError("align.passes is empty: give at least a mono pass")
     names = list(cfg.align.passes)
@@ -298,6 +372,12 @@ def _check_passes(cfg: DictConfig) -> None:
         if kind not in PASS_TYPES:
             raise AsrtrainError(f"align.passes.{name}.type={kind!r}: expected one of "
                                 f"{', '.join(PASS_TYPES)}")
+        check_subset_rules(_plain(opts.get("data")), f"align.passes.{name}.data")
+        if opts.get("data") and i == len(names) - 1:
+            raise AsrtrainError(f"align.passes.{name}.data: the last pass trains on all of "
+                                f"sets.train ({cfg.sets.train}): the hybrid model and the fMLLR "
+                                "feature dirs take its alignments and transforms; give the "
+                                "subset to an earlier pass (as s5c's tri1, tri2)")
         if kind == "sat" and src is not None and \
                 pass_type(cfg.align.passes[src]) not in ("lda_mllt", "sat"):
             raise AsrtrainError(f"align.passes.{name}.type=sat: its from pass {src!r} is of "
