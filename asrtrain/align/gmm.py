@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 LOG_2PI = math.log(2 * math.pi)
@@ -43,6 +44,7 @@ class DiagGmmSet:
         self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._sparse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._slots: torch.Tensor | None = None
+        self._acc: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---------------------------------------------------------------- shapes
     @property
@@ -142,13 +144,17 @@ class DiagGmmSet:
         return torch.cat(out) if out else x.new_zeros(0, self.num_pdfs, dtype=dtype)
 
     def pdf_loglikes(self, x: torch.Tensor, pdfs: torch.Tensor, max_batch_mb: float = 256.0,
-                     dtype: torch.dtype = torch.float32, groups: int = 4) -> torch.Tensor:
+                     dtype: torch.dtype = torch.float32, groups: int = 8) -> torch.Tensor:
         """``[N, len(pdfs)]`` log-likelihoods of the given pdfs only (an utterance's training
         graph holds a few hundred of the model's thousands): the components of those pdfs are
         gathered and scored in blocks of frames whose ``[frames, components]`` work tensors stay
         within ``max_batch_mb`` -- memory depends on the utterance's pdfs, not on the model's
         size.  The pdfs go in up to ``groups`` groups of similar component counts, each padded
-        to its own largest count (one padding to the overall largest wastes about half)."""
+        to its own largest count (one padding to the overall largest wastes about half).
+        A group's columns are component-major (``[m, pdfs]`` slabs), so the log-sum-exp over a
+        pdf's components is elementwise work across slabs, not a reduction over a short inner
+        axis; the blocks are small enough (about 2 MB of scores) that the product, the max,
+        the exp and the sum all run on data in the cache."""
         w_all, g_all, used = self._sparse_tables(dtype)
         pdfs = pdfs.to(w_all.device)
         out = x.new_empty(x.shape[0], len(pdfs), dtype=dtype)
@@ -160,59 +166,101 @@ class DiagGmmSet:
         for part in torch.tensor_split(order, min(groups, len(pdfs))):
             m = max(int(counts[part[-1]]), 1)
             sel = pdfs[part]
-            parts.append((part, m, w_all[sel, :m].reshape(-1, w_all.shape[-1]).T.contiguous(),
-                          g_all[sel, :m].reshape(-1)))                 # [2D, n_pdf * m], [.]
-        block = _frames_per_block(max(p[2].shape[1] for p in parts) * 3, dtype, max_batch_mb)
+            w = w_all[sel, :m].transpose(0, 1).reshape(-1, w_all.shape[-1])   # [m * n_pdf, 2D]
+            parts.append((part, m, w.T.contiguous(), g_all[sel, :m].T.reshape(-1).contiguous()))
+        cols = max(p[2].shape[1] for p in parts)
+        block = min(_frames_per_block(cols * 3, dtype, max_batch_mb),
+                    max(32, 2 ** 19 // cols))
         for i in range(0, x.shape[0], block):
             xb = x[i:i + block].to(dtype)
             x2 = torch.cat([xb, xb * xb], dim=1)
             for part, m, w, g in parts:
-                ll = torch.addmm(g, x2, w)                                  # [n, n_pdf * m]
-                out[i:i + block, part] = torch.logsumexp(ll.view(ll.shape[0], len(part), m), -1)
+                ll = torch.addmm(g, x2, w).view(x2.shape[0], m, len(part))
+                top = ll.amax(1, keepdim=True).nan_to_num_(neginf=0.0)   # a pdf of no component
+                out[i:i + block, part] = ll.sub_(top).exp_().sum(1).log_().add_(top[:, 0])
         return out
 
     # ---------------------------------------------------------------- training
     def zero_stats(self) -> GmmStats:
+        """Zero float64 statistics of this model's shape.  On the CPU they come from
+        ``np.zeros`` (the pages are zero-filled by the kernel as they are first written), so a
+        job whose frames reach a few of the pdfs does not pay for writing every pdf's zeros:
+        that was most of the time of accumulating 20k frames at 200k Gaussians."""
         p, m, d = self.means.shape
-        z = dict(dtype=torch.float64, device=self.means.device)
-        return GmmStats(torch.zeros(p, m, **z), torch.zeros(p, m, d, **z),
-                        torch.zeros(p, m, d, **z))
+        if self.means.device.type == "cpu":
+            def zeros(*shape: int) -> torch.Tensor:
+                return torch.from_numpy(np.zeros(shape, dtype=np.float64))
+        else:
+            def zeros(*shape: int) -> torch.Tensor:
+                return torch.zeros(shape, dtype=torch.float64, device=self.means.device)
+        return GmmStats(zeros(p, m), zeros(p, m, d), zeros(p, m, d))
 
-    def accumulate(self, x: torch.Tensor, pdf: torch.Tensor, stats: GmmStats,
-                   groups: int = 4) -> None:
-        """Add frames ``x`` ``[N, D]`` aligned to ``pdf`` ``[N]`` (component posteriors soft).
-        The frames go in up to ``groups`` groups by their pdf's component count, each scored
-        up to its own largest count (slots past a pdf's last component would add exact zeros);
-        a pdf's frames are all in one group, in order, so every sum is made as in one pass."""
-        x = x.to(self.means.dtype)
-        counts = self._used()[pdf]
-        tot = torch.zeros(len(pdf), dtype=x.dtype, device=x.device)
-        bounds = torch.quantile(counts.double(), torch.linspace(0, 1, groups + 1,
-                                dtype=torch.float64, device=x.device)[1:-1]) if len(pdf) else []
-        lo = -1
-        for hi in [*(int(b) for b in bounds), int(counts.max()) if len(pdf) else 0]:
-            sel = torch.nonzero((counts > lo) & (counts <= hi)).flatten()
-            if len(sel):
-                tot[sel] = self._accumulate_group(x[sel], pdf[sel], max(hi, 1), stats)
-            lo = max(lo, hi)
-        stats.loglike += float(tot.sum())
-        stats.frames += x.shape[0]
+    def accumulate(self, x: torch.Tensor, pdf: torch.Tensor, stats: GmmStats) -> None:
+        """Add frames ``x`` ``[N, D]`` aligned to ``pdf`` ``[N]`` (component posteriors soft;
+        Viterbi training: one pdf per frame, so a frame scores its own pdf's components only).
+        The frames are sorted by pdf (stably) and each distinct pdf's frames go through as one
+        matrix: its ``[frames, 1+2D]`` rows ``[1, x, x^2]`` times its components' ``[1+2D, m]``
+        table give the log-likelihoods, and the posteriors' transpose times the same rows gives
+        occupancy, sum and sum of squares at once.  Pdfs with the same component count and about
+        the same number of frames (powers of two) are one batched product.  Everything is
+        float64 (the sums of squares need it); a frame's statistics do not depend on what else
+        is in the call, so splitting the frames over calls changes sums by rounding only."""
+        p_all, m_all, d = self.means.shape
+        n = x.shape[0]
+        stats.frames += n
+        if not n:
+            return
+        table, first = self._acc_table()
+        used = self._used()
+        x = x.to(table.device, torch.float64)
+        pdf = pdf.to(table.device)
+        z = torch.cat([torch.ones(n + 1, 1, dtype=torch.float64, device=x.device),
+                       torch.cat([x, x.new_zeros(1, d)]),
+                       torch.cat([x * x, x.new_zeros(1, d)])], dim=1)   # row n: padding
+        order = torch.argsort(pdf, stable=True)
+        pdfs, count = torch.unique_consecutive(pdf[order], return_counts=True)
+        start = torch.cumsum(count, 0) - count
+        m = used[pdfs]
+        cpad = torch.pow(2, torch.ceil(torch.log2(count.double()))).long()
+        key = m * (1 << 40) + cpad
+        by_key = torch.argsort(key, stable=True)
+        keys, sizes = torch.unique_consecutive(key[by_key], return_counts=True)
+        order_pad = torch.cat([order, order.new_tensor([n])])
+        total = x.new_zeros(())
+        for k, sel in zip(keys.tolist(), torch.split(by_key, sizes.tolist()), strict=True):
+            mk, ck = k >> 40, k & ((1 << 40) - 1)
+            j = torch.arange(ck, device=x.device)
+            valid = j[None, :] < count[sel, None]                        # [u, ck]
+            rows = torch.where(valid, start[sel, None] + j[None, :], n)  # into order_pad
+            zg = z[order_pad[rows]]                                      # [u, ck, 1+2D]
+            w = table[first[pdfs[sel], None] + torch.arange(mk, device=x.device)]  # [u, mk, .]
+            ll = torch.bmm(zg, w.transpose(1, 2))                        # [u, ck, mk]
+            tot = torch.logsumexp(ll, -1, keepdim=True)
+            post = torch.exp(ll - tot) * valid[:, :, None]
+            total += torch.where(valid, tot[:, :, 0], 0.0).sum()
+            acc = torch.bmm(post.transpose(1, 2), zg)                    # [u, mk, 1+2D]
+            slot = (pdfs[sel, None] * m_all + torch.arange(mk, device=x.device)).reshape(-1)
+            acc = acc.reshape(-1, 1 + 2 * d)
+            stats.occ.view(-1).index_add_(0, slot, acc[:, 0])
+            stats.sx.view(-1, d).index_add_(0, slot, acc[:, 1:1 + d])
+            stats.sxx.view(-1, d).index_add_(0, slot, acc[:, 1 + d:])
+        stats.loglike += float(total)
 
-    def _accumulate_group(self, x: torch.Tensor, pdf: torch.Tensor, m: int,
-                          stats: GmmStats) -> torch.Tensor:
-        """:meth:`accumulate` for frames whose pdfs have at most ``m`` components; returns
-        each frame's log-likelihood."""
-        var = self.vars[pdf, :m]
-        inv = 1.0 / var                                     # [N, m, D]
-        diff = x[:, None, :] - self.means[pdf, :m]
-        ll = (self.log_weights[pdf, :m] - 0.5 * (self.dim * LOG_2PI + var.log().sum(-1)
-                                                 + (diff * diff * inv).sum(-1)))   # [N, m]
-        tot = torch.logsumexp(ll, dim=-1)
-        post = torch.exp(ll - tot[:, None])                 # [N, m]
-        stats.occ[:, :m].index_add_(0, pdf, post)
-        stats.sx[:, :m].index_add_(0, pdf, post[:, :, None] * x[:, None, :])
-        stats.sxx[:, :m].index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
-        return tot
+    def _acc_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 ``[G, 1+2D]`` rows ``[gconst, mean/var, -0.5/var]`` of every slot up to each
+        pdf's last live component (:meth:`_used`), pdf by pdf, and ``[P]`` each pdf's first
+        row: a component's log-likelihood is ``[1, x, x^2] . row``.  Kept until the model
+        changes; made from the used slots only, never the padded ``[P, M, 2D]``."""
+        if self._acc is None:
+            used = self._used()
+            live = torch.arange(self.means.shape[1], device=used.device)[None, :] < used[:, None]
+            mean, var, logw = self.means[live], self.vars[live], self.log_weights[live]
+            inv = 1.0 / var
+            gconst = logw - 0.5 * (self.dim * LOG_2PI + var.log().sum(-1)
+                                   + (mean * mean * inv).sum(-1))
+            table = torch.cat([gconst[:, None], mean * inv, -0.5 * inv], dim=1)
+            self._acc = (table, torch.cumsum(used, 0) - used)
+        return self._acc
 
     def update(self, stats: GmmStats, var_floor: torch.Tensor,
                min_gaussian_occupancy: float = 10.0) -> None:
@@ -229,7 +277,7 @@ class DiagGmmSet:
         w = torch.where(live, occ.clamp(min=1e-5), torch.zeros_like(occ))
         new_lw = torch.where(live, (w / w.sum(-1, keepdim=True)).log(), -math.inf)
         self.log_weights = torch.where(tot > 0, new_lw, self.log_weights)
-        self._cache = self._sparse = self._slots = None
+        self._cache = self._sparse = self._slots = self._acc = None
 
     def mixup(self, target: int, occ_per_pdf: torch.Tensor, power: float = 0.2,
               perturb: float = 0.2) -> None:
@@ -267,7 +315,7 @@ class DiagGmmSet:
                 self.vars[j, slot] = self.vars[j, k]
                 self.log_weights[j, k] = half
                 self.log_weights[j, slot] = half
-        self._cache = self._sparse = self._slots = None
+        self._cache = self._sparse = self._slots = self._acc = None
 
 
 def _frames_per_block(values_per_frame: int, dtype: torch.dtype, max_mb: float) -> int:

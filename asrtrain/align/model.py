@@ -240,58 +240,112 @@ def frame_contexts(phone_state: np.ndarray) -> np.ndarray:
     """``[T, 4]`` (left, phone, right, hmm_state) per frame from a phone-state alignment.  A new
     phone starts where HMM state 0 follows a non-zero state (every HMM enters at state 0 and
     never returns to it)."""
+    first = np.zeros(len(phone_state), dtype=bool)
+    first[:1] = True
+    return _contexts(np.asarray(phone_state), first)[0]
+
+
+def _contexts(phone_state: np.ndarray, utt_start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`frame_contexts` of many alignments laid end to end (``utt_start`` marks each
+    one's first frame: a phone never runs across it, and the context there is 0), and where
+    each phone starts."""
     phones = phone_state // STATE_BITS
     states = phone_state % STATE_BITS
-    t = len(phones)
-    starts = np.ones(t, dtype=bool)
-    starts[1:] = (states[1:] == 0) & ((states[:-1] != 0) | (phones[1:] != phones[:-1]))
+    starts = utt_start.copy()
+    starts[1:] |= (states[1:] == 0) & ((states[:-1] != 0) | (phones[1:] != phones[:-1]))
     seg = np.cumsum(starts) - 1
     seg_phone = phones[starts]
-    left = np.concatenate([[0], seg_phone[:-1]])[seg]
-    right = np.concatenate([seg_phone[1:], [0]])[seg]
-    return np.stack([left, phones, right, states], axis=1)
+    seg_first = utt_start[starts]                     # the segment opens an utterance
+    seg_last = np.append(seg_first[1:], True)         # the segment closes one
+    left = np.where(seg_first, 0, np.concatenate([[0], seg_phone[:-1]]))[seg]
+    right = np.where(seg_last, 0, np.concatenate([seg_phone[1:], [0]]))[seg]
+    return np.stack([left, phones, right, states], axis=1), starts
 
 
 def transition_counts(phone_state: np.ndarray, counts: dict[int, np.ndarray],
                       log_trans: dict[int, np.ndarray]) -> None:
     """Add the HMM transitions taken in one alignment to ``counts[phone][state, next]`` (the last
     column counts leaving the phone)."""
-    ctx = frame_contexts(phone_state)
+    first = np.zeros(len(phone_state), dtype=bool)
+    first[:1] = True
+    ctx, starts = _contexts(np.asarray(phone_state), first)
+    _add_transitions(ctx, starts, counts, log_trans)
+
+
+def _add_transitions(ctx: np.ndarray, starts: np.ndarray, counts: dict[int, np.ndarray],
+                     log_trans: Mapping[int, np.ndarray]) -> None:
+    """:func:`transition_counts` of alignments laid end to end (``ctx``, ``starts`` from
+    :func:`_contexts`): every frame's ``(phone, state, next)`` as one index into all phones'
+    matrices flattened, counted by one ``bincount``."""
+    if not len(ctx):
+        return
     phones, states = ctx[:, 1], ctx[:, 3]
-    nxt = np.empty_like(states)
-    nxt[:-1] = states[1:]
-    leaves = np.ones(len(states), dtype=bool)
-    leaves[:-1] = (states[1:] == 0) & ((states[:-1] != 0) | (phones[1:] != phones[:-1]))
-    for p in np.unique(phones).tolist():
-        sel = phones == p
+    leaves = np.append(starts[1:], True)     # the next frame starts a phone (or an utterance)
+    nxt = np.append(states[1:], 0)
+    ids = np.unique(phones)
+    missing = [int(p) for p in ids if int(p) not in log_trans]
+    if missing:
+        raise KeyError(missing[0])
+    width = np.zeros(int(ids[-1]) + 1, dtype=np.int64)        # columns: states + 1
+    size = np.array([log_trans[int(p)].size for p in ids], dtype=np.int64)
+    offset = np.zeros(int(ids[-1]) + 1, dtype=np.int64)
+    offset[ids] = np.cumsum(size) - size
+    width[ids] = [log_trans[int(p)].shape[1] for p in ids]
+    w = width[phones]
+    flat = offset[phones] + states * w + np.where(leaves, w - 1, nxt)
+    total = np.bincount(flat, minlength=int(size.sum())).astype(np.float64)
+    for p, off, n in zip(ids.tolist(), offset[ids].tolist(), size.tolist(), strict=True):
         c = counts.setdefault(p, np.zeros_like(log_trans[p]))
-        dest = np.where(leaves[sel], c.shape[1] - 1, nxt[sel])
-        np.add.at(c, (states[sel], dest), 1)
+        c += total[off:off + n].reshape(c.shape)
 
 
-def pdfs_of(tree, ctx: np.ndarray) -> np.ndarray:
+def pdfs_of(tree: Tree, ctx: np.ndarray) -> np.ndarray:
     """The pdf of every frame from its ``(left, phone, right, hmm_state)`` context."""
-    uniq, inv = np.unique(ctx, axis=0, return_inverse=True)
-    lookup = np.array([tree.pdf(int(a), int(b), int(c), int(d)) for a, b, c, d in uniq],
-                      dtype=np.int64)
-    return lookup[inv.reshape(-1)]
+    return tree.pdfs(ctx)
 
 
 def accumulate_stats(model: AcousticModel, items: Iterable[tuple[np.ndarray, np.ndarray]],
-                     device: torch.device | str = "cpu"
+                     device: torch.device | str = "cpu", batch_frames: int = 65536
                      ) -> tuple[DiagGmmSet, GmmStats, dict[int, np.ndarray]]:
     """``gmm-acc-stats-ali``: GMM statistics and transition counts of ``(feats, phone-state
     alignment)`` pairs; returns the model's GMM on ``device``, the statistics and the counts.
     A job's statistics add up with :meth:`GmmStats.add` and :func:`add_transition_counts`
-    (``gmm-sum-accs``), so the sum over jobs does not depend on how the data was split."""
+    (``gmm-sum-accs``), so the sum over jobs does not depend on how the data was split (up to
+    float rounding: the items go through in batches of about ``batch_frames`` frames, each
+    one call of the tree lookup, the transition count and :meth:`DiagGmmSet.accumulate`)."""
     gmm = model.gmm.to(device)
     stats = gmm.zero_stats()
     counts: dict[int, np.ndarray] = {}
-    for feats, ps in items:
-        pdf = pdfs_of(model.tree, frame_contexts(ps))
-        gmm.accumulate(torch.from_numpy(feats).to(device), torch.from_numpy(pdf).to(device),
-                       stats)
-        transition_counts(ps, counts, model.log_trans)
+    feats: list[np.ndarray] = []
+    align: list[np.ndarray] = []
+
+    def flush() -> None:
+        ps = np.concatenate(align).astype(np.int64)
+        first = np.zeros(len(ps), dtype=bool)
+        first[np.cumsum([0] + [len(a) for a in align[:-1]])] = True
+        ctx, starts = _contexts(ps, first)
+        pdf = model.tree.pdfs(ctx)
+        gmm.accumulate(torch.from_numpy(np.concatenate(feats)).to(device),
+                       torch.from_numpy(pdf).to(device), stats)
+        _add_transitions(ctx, starts, counts, model.log_trans)
+        feats.clear()
+        align.clear()
+
+    frames = 0
+    for f, ps in items:
+        if len(ps) != len(f):
+            raise AsrtrainError(f"accumulate_stats: an alignment of {len(ps)} frames for "
+                                f"features of {len(f)}")
+        if not len(ps):
+            continue
+        feats.append(f)
+        align.append(ps)
+        frames += len(ps)
+        if frames >= batch_frames:
+            flush()
+            frames = 0
+    if align:
+        flush()
     return gmm, stats, counts
 
 

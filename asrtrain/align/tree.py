@@ -53,6 +53,22 @@ class TreeStats:
         keys = np.stack([(uniq >> sh) & mask for sh, mask in _CODE_FIELDS], axis=1)
         return cls(keys, stats if stats is not None else np.zeros((0, 1)))
 
+    def add(self, other: TreeStats) -> None:
+        """Sum another job's statistics into these (Kaldi ``sum-tree-stats``): the union of
+        the contexts, in sorted order, each one's rows added."""
+        if not len(other.keys):
+            return
+        if not len(self.keys):
+            self.keys, self.stats = other.keys.copy(), other.stats.copy()
+            return
+        mine, theirs = _context_codes(self.keys), _context_codes(other.keys)
+        uniq = np.union1d(mine, theirs)
+        stats = np.zeros((len(uniq), self.stats.shape[1]))
+        stats[np.searchsorted(uniq, mine)] += self.stats
+        stats[np.searchsorted(uniq, theirs)] += other.stats
+        self.keys = np.stack([(uniq >> sh) & mask for sh, mask in _CODE_FIELDS], axis=1)
+        self.stats = stats
+
 
 # (shift, mask) of left, phone, right, pdf_class in a context's int64 code: codes sort as the
 # contexts do (lexicographically), so np.unique over codes gives np.unique(axis=0)'s order
@@ -118,6 +134,10 @@ class Tree:
     root_of: dict[int, int]
     num_pdfs: int
     _cache: dict = field(default_factory=dict, repr=False)
+    # context codes (sorted) and their pdfs, for :meth:`pdfs`; grows as contexts are seen
+    _codes: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)),
+        repr=False, compare=False)
 
     def pdf(self, left: int, phone: int, right: int, pdf_class: int) -> int:
         key = (left, phone, right, pdf_class)
@@ -130,6 +150,29 @@ class Tree:
             node = self.nodes[node[3] if ctx[node[1]] in node[2] else node[4]]
         self._cache[key] = node[1]
         return node[1]
+
+    def pdfs(self, ctx: np.ndarray) -> np.ndarray:
+        """The pdf of every ``(left, phone, right, pdf_class)`` row of ``ctx`` ``[N, 4]``, as
+        :meth:`pdf` gives it: the rows' int64 codes are looked up in a sorted table of the codes
+        seen so far (a binary search for all rows at once); only codes new to the table walk
+        the tree, once each.  A training pass meets the same few ten thousand contexts every
+        iteration, so after the first batch the walk is rare."""
+        codes = _context_codes(ctx)
+        uniq, inv = np.unique(codes, return_inverse=True)
+        known, known_pdf = self._codes
+        pos = np.minimum(np.searchsorted(known, uniq), max(len(known) - 1, 0))
+        hit = (known[pos] == uniq) if len(known) else np.zeros(len(uniq), dtype=bool)
+        if not hit.all():
+            new = uniq[~hit]
+            fields = [(new >> sh) & mask for sh, mask in _CODE_FIELDS]
+            new_pdf = np.array([self.pdf(int(a), int(b), int(c), int(d))
+                                for a, b, c, d in zip(*fields, strict=True)], dtype=np.int64)
+            merged = np.concatenate([known, new])
+            by = np.argsort(merged, kind="stable")
+            self._codes = (merged[by], np.concatenate([known_pdf, new_pdf])[by])
+            known, known_pdf = self._codes
+            pos = np.searchsorted(known, uniq)
+        return known_pdf[pos][inv.reshape(-1)]
 
     def asks_context(self) -> bool:
         return any(n[0] == "split" and n[1] in (0, 2) for n in self.nodes)
