@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from test_e2e import REPO, SMALL, asrtrain
 
+from asrtrain.adapt import ivector_sets as iv
 from asrtrain.adapt.ivector import (
     DiagUbm,
     IvectorExtractor,
@@ -26,12 +27,14 @@ from asrtrain.adapt.ivector import (
     carry_state,
     extract_online,
     online_ivectors,
+    online_ivectors_batch,
     online_stats,
     utterance_stats,
 )
 from asrtrain.adapt.ivector_sets import pseudo_speakers
 from asrtrain.data.datadir import DataDir
 from asrtrain.features.reader import ivector_rows as expected_rows
+from asrtrain.jobs import JobConfig
 from asrtrain.recipe import needs_ivectors
 
 SETS = ("train_nodup", "train_dev", "eval2000")
@@ -95,6 +98,12 @@ def test_every_set_has_online_ivectors_with_ceil_rows(exp: Path) -> None:
     assert info.ubm.num_gauss == 64 and info.extractor.ivector_dim == 100
     assert info.extractor.peak_rss_mb >= info.extractor.rss_before_mb > 0
     assert sorted(info.extraction) == sorted(SETS)
+    for name in SETS:     # the recipe's nj=2: two jobs, each its ark, one scp over both
+        assert info.extraction[name].jobs == 2
+        arks = sorted(p.name for p in (exp / "ivectors" / name).glob("*.ark"))
+        assert arks == ["ivector_online.1.ark", "ivector_online.2.ark"], arks
+        assert not list((exp / "ivectors" / name).glob("ivector_online.*.scp"))
+    assert info.ubm.jobs == 2 and info.extractor.jobs == 2
     assert (exp / ".done" / "ivectors").is_file()
     log = (exp / "log" / "ivectors.log").read_text()
     assert "i-vector extractor: {'iter': 4" in log      # per-iteration figures: stage log only
@@ -102,7 +111,7 @@ def test_every_set_has_online_ivectors_with_ceil_rows(exp: Path) -> None:
 
 def test_a_rerun_skips_and_a_killed_extraction_resumes_at_its_set(exp: Path) -> None:
     assert "nothing to do" in run(exp, *STAGE).stderr
-    ark = exp / "ivectors" / "train_nodup" / "ivector_online.ark"
+    ark = exp / "ivectors" / "train_nodup" / "ivector_online.1.ark"
     before = ark.stat().st_mtime_ns
     # as a run killed during eval2000's extraction leaves it: no stage record, no set marker
     (exp / ".done" / "ivectors").unlink()
@@ -296,3 +305,109 @@ def test_a_stage_without_the_group_or_a_bad_value_is_one_line(features_exp: Path
     assert "ivector.source='hmm': expected one of train, kaldi" in line
     line = fails(features_exp, *STAGE, "~ivector")
     assert "stage ivectors needs the ivector config group" in line
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_the_batched_online_estimator_equals_one_utterance_at_a_time(dtype, tol) -> None:
+    """``online_ivectors_batch`` on several pseudo-speakers at once gives what
+    ``online_ivectors`` + ``carry_state`` give one utterance after another (float32: to its
+    precision), and an utterance's rows do not depend on what else is in the batch."""
+    ubm, ext = small_model(dim=4, gauss=16, rank=6)
+    g = torch.Generator().manual_seed(3)
+    lengths = [1, 10, 20, 451, 33, 57, 300, 11]
+    follows = [False, True, False, True, True, False, True, True]
+    feats = [3 * torch.randn(n, 4, generator=g, dtype=torch.float64) for n in lengths]
+    opts = PosteriorOptions(num_gselect=3, posterior_scale=0.1)
+    out = online_ivectors_batch(ext, ubm, feats, follows, opts, 10, 50.0, dtype=dtype)
+    state = None
+    for x, f, rows in zip(feats, follows, out, strict=True):
+        ref, last = online_ivectors(ext, ubm, x, opts, 10, state if f else None)
+        state = carry_state(last, 50.0, opts.posterior_scale)
+        assert rows.dtype == dtype and rows.shape == ref.shape
+        assert float((rows.double() - ref).abs().max()) <= tol * max(1.0, float(ref.abs().max()))
+    alone = online_ivectors_batch(ext, ubm, feats[5:], follows[5:], opts, 10, 50.0, dtype=dtype)
+    for a, b in zip(alone, out[5:], strict=True):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------- jobs
+UBM_OPTS = {"num_gauss": 32, "num_utts": 100, "num_frames": 20000, "num_iters_init": 4,
+            "num_iters": 2, "num_gselect": 10, "min_gaussian_weight": 1e-4, "seed": 0}
+IE_OPTS = {"num_utts": 150, "ivector_dim": 20, "num_iters": 2, "num_gselect": 5,
+           "min_post": 0.025, "posterior_scale": 0.1, "gaussian_min_count": 10,
+           "variance_floor_factor": 0.1, "seed": 0}
+ONLINE = {"period": 10, "utts_per_spk_max": 2, "max_remembered_frames": 1000,
+          "batch_frames": 3000}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-6) -> bool:
+    return float((a - b).abs().max()) <= rel * float(b.abs().max())
+
+
+def test_models_and_ivectors_do_not_depend_on_nj(features_exp: Path, tmp_path: Path) -> None:
+    """The UBM, the extractor and the online i-vectors with nj=1, 2, 3 (jobs in processes for
+    2 and 3): the same to 1e-6 relative (the jobs' statistics are summed in job order; an
+    utterance's i-vectors depend on its pseudo-speaker only, so they are identical)."""
+    train = iv.SetFrames(features_exp / "data" / "train_nodup")
+    dev = iv.SetFrames(features_exp / "data" / "train_dev")
+    post = PosteriorOptions(5, 0.025, 0.1)
+    got = []
+    for nj in (1, 2, 3):
+        jobs = JobConfig(nj=nj)
+        ubm, ubm_info = iv.train_ubm(train, UBM_OPTS, 2, jobs, "cpu")
+        ext, ie_info = iv.train_extractor(train, ubm, IE_OPTS, 2, jobs, "cpu")
+        out = tmp_path / f"nj{nj}"
+        info = iv.extract_set(dev, ubm, ext, ONLINE, post, out, jobs)
+        assert ubm_info["jobs"] == ie_info["jobs"] == info["jobs"] == nj
+        assert ubm_info["utterances"] == 100 and ie_info["utterances"] == 150
+        ivs = dict(kaldiio.load_scp(str(out / "ivector_online.scp")))
+        assert sorted(ivs) == sorted(dev.utts)
+        assert sorted(p.name for p in out.glob("*.ark")) == [
+            f"ivector_online.{j}.ark" for j in range(1, nj + 1)]
+        got.append((ubm, ext, ivs))
+    ubm1, ext1, ivs1 = got[0]
+    for ubm, ext, ivs in got[1:]:
+        assert ubm.num_gauss == ubm1.num_gauss
+        for a, b in ((ubm.log_weights, ubm1.log_weights), (ubm.means, ubm1.means),
+                     (ubm.vars, ubm1.vars), (ext.M, ext1.M), (ext.sigma_inv, ext1.sigma_inv)):
+            assert _close(a, b)
+        for utt, m in ivs.items():
+            ref = ivs1[utt]
+            assert np.abs(m - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max()), utt
+
+
+def test_a_job_runs_in_a_fresh_interpreter(features_exp: Path, tmp_path: Path) -> None:
+    """As ``cmd: slurm`` runs it: the job function and its argument pickled, run by a new
+    Python that imports nothing of ours first; the statistics equal those of this process."""
+    import pickle
+
+    train = iv.SetFrames(features_exp / "data" / "train_nodup")
+    ubm, _ = iv.train_ubm(train, {**UBM_OPTS, "num_iters": 0}, 2, JobConfig(), "cpu")
+    job = iv.UbmAccJob(train.source, train.utts[:40], 2, ubm, ubm, 10)
+    (tmp_path / "job.pkl").write_bytes(pickle.dumps((iv.ubm_acc_job, job)))
+    code = ("import pickle, sys; fn, arg = pickle.load(open(sys.argv[1], 'rb')); "
+            "pickle.dump(fn(arg), open(sys.argv[2], 'wb'))")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.pkl"),
+                    str(tmp_path / "out.pkl")], check=True, cwd=tmp_path, timeout=300)
+    theirs, _ = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    mine, _ = iv.ubm_acc_job(job)
+    assert theirs.frames == mine.frames > 0
+    for a, b in ((theirs.occ, mine.occ), (theirs.sx, mine.sx), (theirs.sxx, mine.sxx)):
+        assert _close(a, b, 1e-12)
+
+
+def test_the_stage_runs_at_the_recipes_threads() -> None:
+    """The stage's own process runs at ``threads`` (its in-process jobs with it), not at
+    torch's default, and gets its count back afterwards."""
+    from asrtrain.stages.ivectors import _threads
+
+    before = torch.get_num_threads()
+    with _threads(1):
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    assert torch.get_num_threads() == before
+
+
+def test_subsets_are_evenly_spaced_and_splits_keep_speakers() -> None:
+    utts = [f"u{i:03d}" for i in range(10)]
+    assert iv.subset_utterances(utts, 5) == ["u000", "u002", "u004", "u006", "u008"]
+    assert iv.subset_utterances(utts, 0) == utts == iv.subset_utterances(utts, 20)

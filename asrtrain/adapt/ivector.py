@@ -19,6 +19,7 @@ import logging
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -160,6 +161,77 @@ def train_diag_ubm(x: torch.Tensor, num_gauss: int = 512, num_gauss_init: int = 
         bar.update()
     bar.close()
     return ubm, history
+
+
+@dataclass
+class UbmAccs:
+    """``gmm-global-acc-stats``: the components' occupancies ``[C]``, first and second order
+    sums ``[C, D]``, and the frames' total log-likelihood; summed over jobs by :meth:`add`."""
+
+    occ: torch.Tensor
+    sx: torch.Tensor
+    sxx: torch.Tensor
+    loglike: float = 0.0
+    frames: int = 0
+
+    def add(self, other: UbmAccs) -> UbmAccs:
+        return UbmAccs(self.occ + other.occ, self.sx + other.sx, self.sxx + other.sxx,
+                       self.loglike + other.loglike, self.frames + other.frames)
+
+
+def accumulate_ubm(ubm: DiagUbm, x: torch.Tensor, gselect: DiagUbm | None = None,
+                   num_gselect: int = 30, block: int = 20000) -> UbmAccs:
+    """``gmm-global-acc-stats --gselect``: each frame's posteriors over the ``num_gselect``
+    components ``gselect`` scores best (``gmm-gselect``: train_diag_ubm.sh selects them once,
+    with the initial UBM, and keeps them for every iteration), or over all when ``gselect`` is
+    None; float64."""
+    c, d = ubm.num_gauss, ubm.dim
+    z = dict(dtype=torch.float64, device=ubm.means.device)
+    acc = UbmAccs(torch.zeros(c, **z), torch.zeros(c, d, **z), torch.zeros(c, d, **z))
+    for i in range(0, len(x), block):
+        xb = x[i:i + block].to(**z)
+        ll = ubm.loglikes(xb)
+        if gselect is not None and num_gselect < c:
+            sel = gselect.loglikes(xb).topk(num_gselect, dim=1).indices
+            top = ll.gather(1, sel)
+            norm = torch.logsumexp(top, dim=1)
+            post = torch.zeros_like(ll).scatter_(1, sel, torch.exp(top - norm[:, None]))
+        else:
+            norm = torch.logsumexp(ll, dim=1)
+            post = torch.exp(ll - norm[:, None])
+        acc.loglike += float(norm.sum())
+        acc.occ += post.sum(0)
+        acc.sx += post.T @ xb
+        acc.sxx += post.T @ (xb * xb)
+    acc.frames += len(x)
+    return acc
+
+
+def update_ubm(ubm: DiagUbm, acc: UbmAccs, min_gaussian_weight: float = 1e-4,
+               remove_low_count: bool = False, min_variance: float = 1e-3
+               ) -> tuple[DiagUbm, int]:
+    """``gmm-global-est``: weights, means and variances from the statistics. Components whose
+    weight is under ``min_gaussian_weight`` are removed when ``remove_low_count`` (train_diag_ubm.sh
+    does it at the last iteration only: the Gaussian selection indexes the initial components),
+    else keep their mean and variance. Returns the UBM and how many components were removed."""
+    total = float(acc.occ.sum())
+    if total <= 0:
+        raise AsrtrainError("diag UBM: no frames in the statistics")
+    weight = acc.occ / total
+    low = weight < min_gaussian_weight
+    occ = acc.occ.clamp(min=1e-300)[:, None]
+    mean = torch.where(low[:, None], ubm.means.to(acc.sx), acc.sx / occ)
+    var = torch.where(low[:, None], ubm.vars.to(acc.sx),
+                      (acc.sxx / occ - mean * mean).clamp(min=min_variance))
+    removed = 0
+    if remove_low_count and bool(low.any()):
+        keep = ~low
+        removed = int(low.sum())
+        weight, mean, var = weight[keep] / weight[keep].sum(), mean[keep], var[keep]
+    else:
+        weight = weight.clamp(min=1e-10)
+        weight = weight / weight.sum()
+    return DiagUbm(weight.log(), mean, var), removed
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -552,7 +624,7 @@ def train_ivector_extractor(ubm: DiagUbm,
         t0 = time.time()
         acc, seen = _accumulate_blocks(ext, ubm, blocks, cfg.posteriors, totals is None)
         if totals is None:
-            totals = _check_totals(seen, ubm)
+            totals = check_totals(seen, ubm)
         gamma, s = totals
         entry = {"iter": it, **update_extractor(ext, acc, gamma, s, cfg.variance_floor_factor,
                                                 cfg.gaussian_min_count)}
@@ -584,7 +656,7 @@ def _accumulate_blocks(ext: IvectorExtractor, ubm: DiagUbm, blocks: Callable,
         else:
             stats, s_b = utterance_stats(ubm, block, opts, second_order=second_order)
         part = accumulate_extractor(ext, stats)
-        acc = part if acc is None else _add_accs(acc, part)
+        acc = part if acc is None else add_accs(acc, part)
         if second_order:
             g_b = stats.gamma.sum(0)
             gamma = g_b if gamma is None else gamma + g_b
@@ -594,12 +666,12 @@ def _accumulate_blocks(ext: IvectorExtractor, ubm: DiagUbm, blocks: Callable,
     return acc, (gamma, s) if second_order else None
 
 
-def _add_accs(a: ExtractorAccs, b: ExtractorAccs) -> ExtractorAccs:
+def add_accs(a: ExtractorAccs, b: ExtractorAccs) -> ExtractorAccs:
     return ExtractorAccs(a.Y + b.Y, a.R + b.R, a.ivector_sum + b.ivector_sum,
                          a.ivector_scatter + b.ivector_scatter, a.num_ivectors + b.num_ivectors)
 
 
-def _check_totals(totals: tuple, ubm: DiagUbm) -> tuple[torch.Tensor, torch.Tensor]:
+def check_totals(totals: tuple, ubm: DiagUbm) -> tuple[torch.Tensor, torch.Tensor]:
     gamma, s = totals
     count = float(gamma.sum())
     if count < 10 * ubm.num_gauss:
@@ -607,3 +679,105 @@ def _check_totals(totals: tuple, ubm: DiagUbm) -> tuple[torch.Tensor, torch.Tens
                             f"times the posterior scale) for a {ubm.num_gauss}-component UBM; "
                             f"need at least {10 * ubm.num_gauss}")
     return gamma, s
+
+
+# ---------------------------------------------------------------------------- batched online
+def online_ivectors_batch(extractor: IvectorExtractor, ubm: DiagUbm, feats: list[torch.Tensor],
+                          follows: list[bool], opts: PosteriorOptions, period: int = 10,
+                          max_remembered_frames: float = 1000.0,
+                          dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """``ivector-extract-online2`` on many utterances at once: the i-vectors ``[ceil(T /
+    period), R]`` of each of ``feats`` (prior offset removed), as :func:`online_ivectors` with
+    :func:`carry_state` between utterances, where ``follows[i]`` says that utterance ``i``
+    starts from the adaptation state utterance ``i - 1`` left (the same pseudo-speaker).
+
+    The work of all utterances is shared by each tensor op: the UBM's top ``num_gselect``
+    components of every frame (``gmm-gselect`` on the diagonal UBM, posteriors over those,
+    pruned below ``min_post``: Kaldi's ``VectorToPosteriorEntry``), the statistics of each
+    (row, component) pair, then the rows' precisions ``sum_c gamma_c M_c^T Sigma_c^-1 M_c`` and
+    linear terms as two sparse products, a running sum per utterance, and one batched Cholesky
+    solve. The state carried over is Kaldi's too (``OnlineIvectorEstimationStats``: the linear
+    and quadratic terms, scaled down to ``max_remembered_frames`` frames' count, prior kept).
+    Posteriors are float64; the products and the solve are ``dtype``. The linear term is of the
+    features less each component's mean ``M_c[:, 0] * prior_offset``, so the solve gives the
+    i-vector less the prior mean directly (no cancellation in float32). Each utterance's rows
+    depend on its own frames (and the state) only: the same whatever else is in the batch.
+    """
+    if period < 1:
+        raise AsrtrainError(f"ivector period must be >= 1, got {period}")
+    if len(follows) != len(feats):
+        raise AsrtrainError(f"online i-vectors: {len(follows)} 'follows' flags for "
+                            f"{len(feats)} utterances")
+    if not feats:
+        return []
+    c, d, r = extractor.M.shape
+    dev = ubm.means.device
+    sm, u, mu = _online_terms(extractor, dtype)
+    rows = [(len(x) + period - 1) // period for x in feats]
+    # frames after the last row's frame are in no row (Kaldi's last GetFrame is at its frame)
+    used = [(n - 1) * period + 1 if n else 0 for n in rows]
+    x = torch.cat([f[:k] for f, k in zip(feats, used, strict=True)]).to(dev, torch.float64)
+    if x.shape[1] != d:
+        raise AsrtrainError(f"online i-vectors: {x.shape[1]}-dim features, the extractor is "
+                            f"{d}-dim")
+    used_t = torch.tensor(used, device=dev)
+    rows_t = torch.tensor(rows, device=dev)
+    row_start = rows_t.cumsum(0) - rows_t
+    utt = torch.repeat_interleave(torch.arange(len(feats), device=dev), used_t)
+    t = torch.arange(len(x), device=dev) - (used_t.cumsum(0) - used_t)[utt]
+    row = row_start[utt] + (t + period - 1) // period                 # frame t: rows >= t
+    total_rows = int(rows_t.sum())
+    idx, post = ubm.posteriors(x, opts.num_gselect, opts.min_post, opts.posterior_scale)
+    keep = post.flatten() > 0
+    key = (row[:, None] * c + idx).flatten()[keep]
+    pair_post = post.flatten()[keep]
+    pair_x = x.repeat_interleave(idx.shape[1], dim=0)[keep]
+    keys, inv = torch.unique(key, sorted=True, return_inverse=True)
+    gamma = torch.zeros(len(keys), dtype=torch.float64, device=dev).index_add_(0, inv, pair_post)
+    xs = torch.zeros(len(keys), d, dtype=torch.float64, device=dev).index_add_(
+        0, inv, pair_post[:, None] * pair_x)
+    comp, key_row = keys % c, keys // c
+    xs -= gamma[:, None] * mu[comp].double()           # centred on the components' means
+    crow = torch.zeros(total_rows + 1, dtype=torch.int64, device=dev)
+    crow[1:] = torch.bincount(key_row, minlength=total_rows).cumsum(0)
+    cols = (comp[:, None] * d + torch.arange(d, device=dev)).flatten()
+    with warnings.catch_warnings():     # "sparse CSR support is in beta": we use mm only
+        warnings.simplefilter("ignore", UserWarning)
+        quad = torch.sparse_csr_tensor(crow, comp, gamma.to(dtype), (total_rows, c),
+                                       check_invariants=False) @ u
+        lin = torch.sparse_csr_tensor(crow * d, cols, xs.to(dtype).flatten(),
+                                      (total_rows, c * d), check_invariants=False) @ sm
+    count = torch.zeros(total_rows, dtype=torch.float64, device=dev).index_add_(
+        0, key_row, gamma)
+    limit = max_remembered_frames * opts.posterior_scale
+    state = None
+    for i, n in enumerate(rows):
+        a, b = int(row_start[i]), int(row_start[i]) + n
+        quad[a:b].cumsum_(0)
+        lin[a:b].cumsum_(0)
+        total = float(count[a:b].sum())
+        if follows[i] and state is not None:
+            quad[a:b] += state[0]
+            lin[a:b] += state[1]
+            total += state[2]
+        scale = limit / total if total > limit else 1.0
+        state = (quad[b - 1] * scale, lin[b - 1] * scale, total * scale)
+    prec = quad.view(total_rows, r, r)
+    prec.diagonal(dim1=1, dim2=2).add_(1.0)             # the prior's identity
+    chol, info = torch.linalg.cholesky_ex(prec)
+    if bool(info.any()):
+        raise AsrtrainError("online i-vectors: a precision matrix is not positive definite "
+                            f"(Cholesky failed at {int((info > 0).sum())} rows); is the "
+                            "extractor trained?")
+    w = torch.cholesky_solve(lin[:, :, None], chol)[:, :, 0]
+    return list(w.split(rows))
+
+
+def _online_terms(extractor: IvectorExtractor, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Sigma_c^-1 M_c`` as ``[C * D, R]``, ``M_c^T Sigma_c^-1 M_c`` as ``[C, R * R]`` (in
+    ``dtype``) and the components' means ``M_c[:, 0] * prior_offset`` ``[C, D]`` (float64)."""
+    c, d, r = extractor.M.shape
+    sm, u = extractor.derived()
+    mu = extractor.M[:, :, 0] * extractor.prior_offset
+    return sm.reshape(c * d, r).to(dtype), u.reshape(c, r * r).to(dtype), mu

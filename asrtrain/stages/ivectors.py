@@ -12,24 +12,35 @@ frames/s and the peak memory of extractor training) and ``paths.ivector_set(set)
 extraction are inner steps keyed by the stage's resume key and the options they depend on: a
 run killed during extraction resumes at the set it was in, and a change of ``ivector.online``
 re-extracts without retraining. Which features and why no CMVN: ``asrtrain.adapt.ivector_sets``.
+
+The work runs as jobs (``asrtrain.jobs``: the recipe's ``nj``, ``cmd``, ``threads``, ``slurm``),
+each on a part of a set split by speaker: the UBM's and the extractor's E-step statistics (summed
+here in job order, so the models do not depend on ``nj``) and the extraction (each job writes
+its own ark, this process the scp). This process runs with ``threads`` threads too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
 from asrtrain.fileio import write_text
+from asrtrain.jobs import JobConfig, job_log_dir, set_threads
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
 
 log = logging.getLogger("asrtrain")
 
 SOURCES = ("train", "kaldi")
+#: ``ivector.online`` keys that say how the work is batched, not what it computes.
+LAUNCH_ONLY = ("batch_frames",)
 
 
 def _opts(cfg: DictConfig) -> dict:
@@ -50,11 +61,36 @@ def _step(ctx: StageContext, marker: Path, key: str, what: str, work) -> bool:
 def run(ctx: StageContext) -> None:
     if ctx.cfg.ivector.source == "kaldi":
         _import_kaldi(ctx)
-    else:
-        _train_and_extract(ctx)
+        return
+    jobs = JobConfig.from_config(ctx.cfg, log_dir=job_log_dir(ctx.paths.exp))
+    with _threads(jobs.threads):
+        _train_and_extract(ctx, jobs)
 
 
-def _train_and_extract(ctx: StageContext) -> None:
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """This process at ``n`` threads (torch, BLAS) while the stage runs, as its jobs are; what
+    it had before restored after (later stages in this process set their own)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    env = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                          "MKL_NUM_THREADS")}
+    before = torch.get_num_threads()
+    with threadpool_limits(n):
+        set_threads(n)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+            for var, value in env.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+
+
+def _train_and_extract(ctx: StageContext, jobs: JobConfig) -> None:
     from asrtrain.adapt import ivector_sets as iv
 
     cfg, paths = ctx.cfg, ctx.paths
@@ -69,7 +105,7 @@ def _train_and_extract(ctx: StageContext) -> None:
     ubm_key = ctx.step_key("ubm", opts["ubm"], sub, cmvn)
 
     def ubm_work() -> None:
-        ubm, info["ubm"] = iv.train_ubm(train, opts["ubm"], sub, device)
+        ubm, info["ubm"] = iv.train_ubm(train, opts["ubm"], sub, jobs, device)
         iv.save_ubm(ubm, ext_dir / "final.ubm")
         _report("diag UBM", info["ubm"])
     _step(ctx, ext_dir / ".ubm.done", ubm_key, "diag UBM", ubm_work)
@@ -78,7 +114,8 @@ def _train_and_extract(ctx: StageContext) -> None:
 
     def ie_work() -> None:
         ubm = iv.load_ubm(ext_dir / "final.ubm")
-        ext, info["extractor"] = iv.train_extractor(train, ubm, opts["extractor"], sub, device)
+        ext, info["extractor"] = iv.train_extractor(train, ubm, opts["extractor"], sub, jobs,
+                                                    device)
         iv.save_extractor(ext, ext_dir / "final.ie")
         _report("extractor", info["extractor"])
     if _step(ctx, ext_dir / ".ie.done", ie_key, "extractor", ie_work):
@@ -96,10 +133,11 @@ def _train_and_extract(ctx: StageContext) -> None:
         def work(name: str = name, out: Path = out) -> None:
             frames = iv.SetFrames(paths.data_set(name), cmvn, norm_vars)
             info["extraction"][name] = iv.extract_set(frames, ubm, ext, opts["online"], post,
-                                                      out, device)
+                                                      out, jobs)
             _report(f"{name} extracted", info["extraction"][name])
             iv.write_info(info_path, info)
-        _step(ctx, out / ".done", ctx.step_key("extract", name, ie_key, opts["online"]),
+        online = {k: v for k, v in opts["online"].items() if k not in LAUNCH_ONLY}
+        _step(ctx, out / ".done", ctx.step_key("extract", name, ie_key, online),
               f"{name} extraction", work)
 
 
@@ -108,6 +146,8 @@ def _report(what: str, info: dict) -> None:
 
     log_info(what, info)
     extra = f", peak RSS {info['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in info else ""
+    if "frames_per_cpu_s" in info:
+        extra += f", {info['frames_per_cpu_s']} frames per CPU-second in {info['jobs']} jobs"
     log.info("ivectors %s: %d frames in %.1f s (%d frames/s)%s", what, info["frames"],
              info["seconds"], info["frames_per_s"], extra)
 
@@ -143,16 +183,19 @@ def _check(cfg: DictConfig) -> None:
                                 f"set {missing[0]} (give {{{missing[0]}: "
                                 "KALDI/exp/nnet3/ivectors_SET}})")
         return
-    for key in ("online.period", "online.utts_per_spk_max", "subsample", "ubm.num_gauss",
-                "extractor.ivector_dim", "extractor.num_iters"):
+    for key in ("online.period", "online.utts_per_spk_max", "online.batch_frames", "subsample",
+                "ubm.num_gauss", "ubm.num_gselect", "ubm.num_utts", "extractor.ivector_dim",
+                "extractor.num_iters", "extractor.num_utts"):
         value = OmegaConf.select(cfg.ivector, key)
-        if isinstance(value, bool) or not isinstance(value, int) or (
-                value < 1 and key != "online.utts_per_spk_max"):
-            raise AsrtrainError(f"ivector.{key}={value!r}: expected a whole number of at least 1")
+        least = 0 if key in ("online.utts_per_spk_max", "ubm.num_utts",
+                             "extractor.num_utts") else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise AsrtrainError(f"ivector.{key}={value!r}: expected a whole number of at least "
+                                f"{least}")
 
 
 STAGE = Stage("ivectors", run, reads=("features",), config=("ivector",),
-              ignored=("ivector.device", "ivector.extractor.max_cache_mb"),
+              ignored=("ivector.device", "ivector.online.batch_frames"),
               resumable=("ivector",),   # each inner step's key holds the options it depends on
               check=_check,
               doc="diagonal UBM, i-vector extractor, online i-vectors of every set")
