@@ -170,10 +170,11 @@ class TrainerConfig:
     besides; 0: every epoch).
     Data: CTC batches of ``batch_frames`` padded frames per learner, utterances of at most
     ``max_utt_frames``; frame CE (hybrid) batches of ``batch_chunks`` chunks of ``chunk`` frames,
-    shuffled in blocks of ``block_utts`` utterances; ``chunk_data``: ``resident`` (each learner
-    holds the features once, fp16 on its GPU where they fit, and gathers batches:
-    :mod:`asrtrain.train.resident`) or ``stream`` (read from the arks every epoch, for sets too
-    big for memory); both give the same batches.
+    shuffled in blocks of ``block_utts`` utterances; ``chunk_data``: ``resident`` (the features
+    written once into a chunk store under the exp dir and memory-mapped by every learner of a
+    machine, so it holds one copy; copied onto a GPU where they fit; batches gathered:
+    :mod:`asrtrain.train.resident`, :mod:`asrtrain.train.store`) or ``stream`` (read from the
+    arks every epoch, for want of disk for the store); both give the same batches.
     """
 
     backend: str = _opt("ssgd", _choice(_backends))

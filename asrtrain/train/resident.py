@@ -15,7 +15,12 @@ the same batches for the same seed (to fp16 rounding where fp16 is stored).
 
 Why every learner holds the whole training set: the shards are dealt afresh every epoch
 (:meth:`ChunkSet.shard`), so the union of a learner's shards over the epochs is the whole set;
-holding only this epoch's shard would mean reading arks again every epoch.
+holding only this epoch's shard would mean reading arks again every epoch. So that a machine
+holds it once, not once per learner, the trainer keeps it in a chunk store
+(:mod:`asrtrain.train.store`): written once under the exp dir, memory-mapped by every learner
+(the page cache holds one copy), copied onto a GPU where it fits, else gathered from the map
+into pinned memory batch by batch. Without a store each learner reads its own copy; the bytes,
+and so the batches, are the same.
 
 A composed input (``features.append``, see ``features.reader``) is stored in parts, not as the
 frames the model sees: the fMLLR features are static per-frame dims stored beside the fbank
@@ -28,7 +33,9 @@ as rows they are 200 / period (20 bytes at Kaldi's period of 10).
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +46,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.features.transform import _delta_scales
 from asrtrain.train.chunks import IGNORE, ChunkBatch, ChunkSet
+from asrtrain.train.store import chunk_set_key, open_store
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +93,15 @@ def bytes_per_frame(raw_dim: int, dtype: torch.dtype, chunk: int, ivector_dim: i
 
 
 def place(nbytes: int, device: torch.device, what: str, host_bytes: int | None = None,
-          gpu_free: int | None = None) -> tuple[torch.device, bool]:
+          gpu_free: int | None = None, mapped: bool = False) -> tuple[torch.device, bool]:
     """Where a store of ``nbytes`` goes for a learner on ``device``: (store device, pinned).
 
     The GPU when it fits in :data:`GPU_SHARE` of its free memory (``gpu_free``: that figure,
-    else measured), else pinned host memory, when that fits in :data:`HOST_SHARE` of the
-    available host memory (``host_bytes``: that figure, else measured); else one error line with
-    the figures.
+    else measured), else host memory (gathered into pinned buffers for a GPU learner). A
+    private copy (not ``mapped``) must fit in :data:`HOST_SHARE` of the available host memory
+    (``host_bytes``: that figure, else measured), else one error line with the figures; a
+    ``mapped`` store (:mod:`asrtrain.train.store`) is file pages, shared by the machine's
+    learners and read back from disk when the kernel evicts them, so it only gets a warning.
     """
     gib = 1 << 30
     if device.type == "cuda":
@@ -101,12 +111,28 @@ def place(nbytes: int, device: torch.device, what: str, host_bytes: int | None =
     host = host_available_bytes() if host_bytes is None else host_bytes
     if nbytes <= HOST_SHARE * host:
         return torch.device("cpu"), device.type == "cuda"
+    if mapped:
+        log.warning("%s: the %.2f GiB chunk store is more than %.0f%% of the %.2f GiB of "
+                    "available host memory: the page cache will not hold it all, and batches "
+                    "will wait for the disk", what, nbytes / gib, HOST_SHARE * 100, host / gib)
+        return torch.device("cpu"), device.type == "cuda"
     gpu = (f"{GPU_SHARE:.0%} of the {free / gib:.2f} GiB free on {device}, nor in "
            if device.type == "cuda" else "")
     raise AsrtrainError(f"{what}: {nbytes / gib:.2f} GiB of resident chunk data do not fit in "
                         f"{gpu}{HOST_SHARE:.0%} of the {host / gib:.2f} GiB of available host "
                         "memory; use trainer.chunk_data=stream (read from the arks) or fewer "
                         "learners per machine")
+
+
+def release_freed_heap() -> None:
+    """Hand the heap pages freed after loading back to the kernel: glibc keeps them for reuse,
+    and the load's blocks of :data:`LOAD_FRAMES` frames (the arks' matrices, their
+    concatenation, the normalised float32 copy) would otherwise stay in the learner's
+    resident memory, some hundreds of MiB (bench/store.py)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 class ResidentChunks:
@@ -118,11 +144,18 @@ class ResidentChunks:
     fp32, and as fast or faster there: bench/loader.py). ``host_bytes``: the host
     memory to plan with (default: what the host has available). ``announce``: log where the
     data went at INFO (one learner says it for all), else at DEBUG.
+
+    ``store_dir``: keep the data in a chunk store there (:mod:`asrtrain.train.store`), written
+    by the first learner of the machine and memory-mapped by all, so the machine holds one copy
+    in its page cache and a learner's own memory is its batches and constant tables; a GPU
+    learner copies the store onto its GPU when it fits, else gathers each batch from the map
+    into pinned memory. None: every learner reads the arks into its own memory (the batches are
+    the same, byte for byte).
     """
 
     def __init__(self, chunks: ChunkSet, device: torch.device | str = "cpu",
                  dtype: torch.dtype | None = None, host_bytes: int | None = None,
-                 announce: bool = True) -> None:
+                 announce: bool = True, store_dir: str | Path | None = None) -> None:
         self.chunks = chunks
         self.device = torch.device(device)
         self.dtype = dtype or torch.float16
@@ -136,52 +169,85 @@ class ResidentChunks:
         self.ivector_dim = self.ivectors.dim(first_utt) if self.ivectors else 0
         self.period = self.ivectors.period if self.ivectors else 1
         self.order = int(reader.transform.delta_order)
-        utt, start, length = chunks.chunk_table()
-        lengths = [chunks.num_frames[u] for u in chunks.utts]
-        self.frames = sum(lengths)
-        row0 = np.cumsum([0] + [self.ivectors.num_rows(n) for n in lengths]) \
-            if self.ivectors else np.zeros(len(lengths) + 1, dtype=np.int64)
-        self.rows = int(row0[-1])
+        length = chunks.chunk_table()[2]
+        self.frames = sum(chunks.num_frames[u] for u in chunks.utts)
+        self.rows = sum(self.ivectors.num_rows(chunks.num_frames[u]) for u in chunks.utts) \
+            if self.ivectors else 0
         self.bytes_per_frame = bytes_per_frame(self.raw_dim, self.dtype, chunks.chunk,
                                                self.ivector_dim, self.period)
         self.nbytes = int((self.frames + 1) * self.bytes_per_frame)
-        self.store_device, pinned = place(self.nbytes, self.device, str(chunks.data_dir),
-                                          host_bytes)
-        self.feats, self.targets, self.ivector_rows = self._load(pinned)
-        frame0 = np.cumsum([0] + lengths)
-        on = self.store_device
-        self.row0 = torch.from_numpy(row0[utt]).to(on) if self.ivectors else None
-        self.first = torch.from_numpy(frame0[utt] + start).to(on)
-        self.utt_lo = torch.from_numpy(frame0[utt]).to(on)
-        self.utt_hi = torch.from_numpy(frame0[utt + 1]).to(on)
-        self.length = torch.from_numpy(length).to(on)
+        layout = {"feats": (self.dtype, (self.frames + 1, self.raw_dim)),
+                  "targets": (torch.int32, (self.frames + 1,)),
+                  "chunks": (torch.int64, (5, len(length)))}
+        if self.ivectors:
+            layout["ivectors"] = (self.dtype, (self.rows, self.ivector_dim))
+        what = str(chunks.data_dir)
+        self.store_path: Path | None = None
+        self.store_written = False  # by this learner (the others of the machine map it)
+        if store_dir is None:
+            self.store_device, self.pinned = place(self.nbytes, self.device, what, host_bytes)
+            on = self.store_device
+            arrays = {k: torch.empty(shape, dtype=d, device=on, pin_memory=self.pinned)
+                      for k, (d, shape) in layout.items()}
+            self._fill(arrays)
+            release_freed_heap()
+            where = f"{on}{' (pinned)' if self.pinned else ''}"
+        else:
+            t0 = time.perf_counter()
+            arrays, self.store_path, self.store_written = open_store(
+                store_dir, chunks.data_dir.name, chunk_set_key(chunks, self.dtype), layout,
+                self._fill, what)
+            if self.store_written:
+                release_freed_heap()
+            self.store_device, self.pinned = place(self.nbytes, self.device, what, host_bytes,
+                                                   mapped=True)
+            if self.store_device.type == "cuda":  # a set that fits the GPU: copied onto it
+                arrays = {k: v.to(self.store_device) for k, v in arrays.items()}
+            where = (f"{self.store_device}, copied from the chunk store"
+                     if self.store_device.type == "cuda" else
+                     "the chunk store, mapped" + (", gathered into pinned memory"
+                                                  if self.pinned else ""))
+            where += (f" {self.store_path} ({'written' if self.store_written else 'found'}, "
+                      f"{time.perf_counter() - t0:.1f} s)")
+        self.feats, self.targets = arrays["feats"], arrays["targets"]
+        self.ivector_rows = arrays.get("ivectors")
+        self.first, self.utt_lo, self.utt_hi, self.length, row0 = arrays["chunks"]
+        self.row0 = row0 if self.ivectors else None
         self.host_length = torch.from_numpy(length)
+        on = self.store_device
         self.steps_t = torch.arange(chunks.chunk, device=on)
         r = self.order * DELTA_WINDOW
         self.span_t = torch.arange(-r, chunks.chunk + r, device=on)
         self.deltas = self._delta_matrix().to(self.device)
         log.log(logging.INFO if announce else logging.DEBUG,
-                 "%s: %d frames resident on %s%s as %s, %.1f bytes per frame: %.1f MiB",
-                 chunks.data_dir, self.frames, self.store_device, " (pinned)" if pinned else "",
-                 str(self.dtype).replace("torch.", ""), self.bytes_per_frame,
-                 self.nbytes / (1 << 20))
+                "%s: %d frames resident on %s as %s, %.1f bytes per frame: %.1f MiB",
+                what, self.frames, where, str(self.dtype).replace("torch.", ""),
+                self.bytes_per_frame, self.nbytes / (1 << 20))
 
     # ------------------------------------------------------------------ loading
-    def _load(self, pinned: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Every utterance's stored frames, fbank after CMVN then fMLLR (row ``frames`` is the
-        zero padding frame), pdf ids (``IGNORE`` at the padding frame), and the i-vector rows
-        (None without i-vectors)."""
-        n, on = self.frames, self.store_device
-        feats = torch.empty(n + 1, self.raw_dim, dtype=self.dtype, device=on, pin_memory=pinned)
-        targets = torch.empty(n + 1, dtype=torch.int32, device=on, pin_memory=pinned)
-        ivecs = torch.empty(self.rows, self.ivector_dim, dtype=self.dtype, device=on,
-                            pin_memory=pinned) if self.ivectors else None
+    def _fill(self, arrays: dict[str, torch.Tensor]) -> None:
+        """Write the set into ``arrays`` (of the layout made in ``__init__``, on any device or
+        mapped from a file): every utterance's stored frames, fbank after CMVN then fMLLR (row
+        ``frames`` is the zero padding frame), pdf ids (``IGNORE`` at the padding frame), the
+        i-vector rows, and per chunk (first frame, utterance start and end, frames, first
+        i-vector row of its utterance)."""
+        feats, targets, ivecs = arrays["feats"], arrays["targets"], arrays.get("ivectors")
+        n, on = self.frames, feats.device
+        cs = self.chunks
+        utt, start, length = cs.chunk_table()
+        lengths = [cs.num_frames[u] for u in cs.utts]
+        frame0 = np.cumsum([0] + lengths)
+        row0 = np.cumsum([0] + [self.ivectors.num_rows(k) for k in lengths]) \
+            if self.ivectors else np.zeros(len(lengths) + 1, dtype=np.int64)
+        table = np.stack([frame0[utt] + start, frame0[utt], frame0[utt + 1], length, row0[utt]])
+        arrays["chunks"].copy_(torch.from_numpy(table.astype(np.int64, copy=False)))
+        del table
         feats[n] = 0
         targets[n] = IGNORE
         shift, scale, speaker = self._cmvn()
         offset = row = held = 0
         mats, alis, spks, rows = [], [], [], []
-        utts = self.chunks.utts
+        utts = cs.utts
         for i, utt in enumerate(tqdm(utts, desc="loading chunk data", unit="utt", disable=None,
                                      leave=False)):
             mat, ali = self._read(utt)
@@ -203,7 +269,6 @@ class ResidentChunks:
                     ivecs[row: row + len(r)] = r.to(on, self.dtype)
                     row += len(r)
                 held, mats, alis, spks, rows = 0, [], [], [], []
-        return feats, targets, ivecs
 
     def _check_range(self, x: torch.Tensor, last: str, source: Path | None = None) -> None:
         """Refuse frames that the storage type cannot hold (fp16 overflows at 65504);
@@ -309,19 +374,19 @@ class ResidentChunks:
         pos = self.first[ids, None] + self.steps_t               # [B, C] frame rows
         if short:  # past a short utterance's end: the padding frame
             pos = torch.where(self.steps_t < self.length[ids, None], pos, self.frames)
-        targets = self.targets[pos].to(self.device, non_blocking=True).long()
+        targets = self._take(self.targets, pos).long()
         composed = self.raw_dim > self.fbank_dim or self.ivectors is not None
         if self.order == 0 and not composed:
-            feats = self.feats[pos].to(self.device, non_blocking=True).float()
+            feats = self._take(self.feats, pos).float()
             return ChunkBatch(feats, lengths, targets)
         if self.order == 0:
-            static = self.feats[pos].to(self.device, non_blocking=True).float()
+            static = self._take(self.feats, pos).float()
             parts = [static]
         else:
             span = self.first[ids, None] + self.span_t           # [B, C + 2R]: the chunk ± R
             span = torch.minimum(torch.maximum(span, self.utt_lo[ids, None]),
                                  self.utt_hi[ids, None] - 1)
-            x = self.feats[span].to(self.device, non_blocking=True).float()
+            x = self._take(self.feats, span).float()
             r = self.order * DELTA_WINDOW
             parts = [self._add_deltas(x[..., :self.fbank_dim].contiguous())]
             if self.raw_dim > self.fbank_dim:                    # fMLLR: the chunk's own frames
@@ -333,13 +398,23 @@ class ResidentChunks:
             feats.masked_fill_((targets == IGNORE)[..., None], 0.0)
         return ChunkBatch(feats, lengths, targets)
 
+    def _take(self, src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``src[index]`` on the compute device: gathered where ``src`` is, through a pinned
+        buffer when that is host memory and the learner's a GPU (the caching host allocator
+        keeps the buffer until its copy is done), so the copy does not wait on the host."""
+        if not self.pinned:
+            return src[index].to(self.device, non_blocking=True)
+        out = torch.empty((*index.shape, *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+        torch.index_select(src, 0, index.reshape(-1), out=out.view(-1, *src.shape[1:]))
+        return out.to(self.device, non_blocking=True)
+
     def _ivectors(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, C, ivector_dim]: each frame's i-vector, row ``t // period`` of its utterance
         (``t`` its frame in the utterance; past a short utterance's end, its last frame's)."""
         t = self.first[ids, None] - self.utt_lo[ids, None] + torch.minimum(
             self.steps_t, self.length[ids, None] - 1)
         rows = self.row0[ids, None] + torch.div(t, self.period, rounding_mode="floor")
-        return self.ivector_rows[rows].to(self.device, non_blocking=True).float()
+        return self._take(self.ivector_rows, rows).float()
 
     def _add_deltas(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C, (order + 1) · D] static features, Δ, ΔΔ from the frames of the chunks and

@@ -146,6 +146,7 @@ class FrameCETask(Task):
         self.seed = int(t.seed)
         self.chunk_data, self.device = t.chunk_data, learner_data_device(t.cpu)
         self._resident: dict[str, ResidentChunks] = {}
+        self.chunk_store = paths.exp / "chunkstore"  # resident data, mapped by every learner
         self.input_dim, self.output_dim = self.train_set.dim, self.train_set.num_pdfs
         self.samples_per_epoch = len(self.train_set)
         self.priors = log_priors(self.train_set.pdf_counts())
@@ -171,7 +172,8 @@ class FrameCETask(Task):
         when the task is built: describing a run must not read every ark)."""
         if which not in self._resident:
             chunks = self.train_set if which == "train" else self.dev_set
-            self._resident[which] = ResidentChunks(chunks, self.device, announce=rank == 0)
+            self._resident[which] = ResidentChunks(chunks, self.device, announce=rank == 0,
+                                                   store_dir=self.chunk_store)
         return self._resident[which]
 
     @staticmethod
