@@ -88,6 +88,12 @@ class JobConfig:
                    slurm=SlurmOptions.from_config(cfg.get("slurm")), log_dir=log_dir)
 
 
+def as_job_config(nj: int | JobConfig) -> JobConfig:
+    """A function's ``nj`` argument as a :class:`JobConfig`: a number is that many jobs on this
+    machine (``cmd: local``); a JobConfig (a stage's, from the recipe) is taken as it is."""
+    return nj if isinstance(nj, JobConfig) else JobConfig(nj=int(nj))
+
+
 def set_threads(n: int) -> None:
     """This process's torch intra-op threads and its BLAS/OpenMP pools (numpy's OpenBLAS, MKL)
     to ``n``; the environment too, for the processes it starts."""

@@ -64,6 +64,7 @@ from asrtrain.decode.graph import (
 )
 from asrtrain.features.reader import FeatureReader
 from asrtrain.fileio import atomic_ark, atomic_dir, write_text
+from asrtrain.jobs import JobConfig
 from asrtrain.lang.lexicon import Lang
 from asrtrain.score import counts_json
 
@@ -77,7 +78,7 @@ FMLLR_DEFAULTS = {k: getattr(GmmConfig(), k) for k in FMLLR_KEYS}
 
 # ---------------------------------------------------------------------------- two-pass decode
 def decode_fmllr(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-                 cfg: Mapping | GmmDecodeConfig | None = None, nj: int = 1,
+                 cfg: Mapping | GmmDecodeConfig | None = None, nj: int | JobConfig = 1,
                  fmllr: Mapping | None = None, audio_per_job: float = AUDIO_PER_JOB_S) -> dict:
     """Decode ``data_dir`` with the SAT pass in ``model_dir`` as decode_fmllr.sh (see the module
     docstring); ``cfg`` and ``nj`` as :func:`asrtrain.decode.graph.decode_gmm`, ``fmllr`` the
@@ -108,7 +109,7 @@ def decode_fmllr(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path
 
 def two_pass_transforms(model_dir: Path, model: AcousticModel, si_model: AcousticModel,
                         graph: Graph, lang: Lang, unadapted: list[Utterance], first: Search,
-                        c: GmmDecodeConfig, nj: int, fmllr: Mapping | None,
+                        c: GmmDecodeConfig, nj: int | JobConfig, fmllr: Mapping | None,
                         audio_per_job: float = AUDIO_PER_JOB_S, where: str = "",
                         ) -> tuple[dict[str, np.ndarray], Search]:
     """Transforms from the first pass's paths, then the second pass (``final.mdl``, adapted
@@ -126,7 +127,7 @@ def two_pass_transforms(model_dir: Path, model: AcousticModel, si_model: Acousti
 
 
 def undecoded_transforms(model_dir: Path, graph_dir: Path, data_dir: Path, lang_dir: Path,
-                        lm_dir: Path, fmllr: Mapping | None = None, nj: int = 1,
+                        lm_dir: Path, fmllr: Mapping | None = None, nj: int | JobConfig = 1,
                         cfg: Mapping | GmmDecodeConfig | None = None) -> dict[str, np.ndarray]:
     """A test set's transforms when it is not decoded (``align.decode=false``): the first pass
     with the speaker-independent model and the estimation only, nothing scored (the graph is

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 import shutil
 import sys
 import time
@@ -56,6 +55,7 @@ from asrtrain.decode import (
 )
 from asrtrain.decode.ctc import TimedWord
 from asrtrain.fileio import atomic_dir, write_text
+from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.lexicon import Lang
 from asrtrain.lang.phones import SymbolTable
 from asrtrain.score import counts_json
@@ -214,16 +214,17 @@ def load_graph(graph_dir: Path) -> Graph:
 
 
 def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-               cfg: Mapping | GmmDecodeConfig | None = None, nj: int = 1,
+               cfg: Mapping | GmmDecodeConfig | None = None, nj: int | JobConfig = 1,
                audio_per_job: float = AUDIO_PER_JOB_S) -> dict:
     """Decode ``data_dir`` with the GMM model and HCLG graph into ``out_dir``; see the module
     docstring.  ``cfg``: ``GmmDecodeConfig``'s keys.  ``nj``: parallel search jobs over
     contiguous shares of the utterances (the words are those of one job), at most one per
-    ``audio_per_job`` seconds of audio. The features are the model's own (Δ+ΔΔ, or spliced
-    through its LDA+MLLT matrix). Returns what ``decode.json`` holds (the chosen
-    ``acoustic_scale``, ``wer`` and ``per_scale`` WER as numbers, ``real_time_factor`` of the
-    wall time and ``real_time_factor_per_core`` of the jobs' CPU time, ``jobs``) and
-    ``counts``: the chosen scale's ``Counts`` per subset ({} with nothing to score)."""
+    ``audio_per_job`` seconds of audio; a stage's ``JobConfig`` also says where they run. The
+    features are the model's own (Δ+ΔΔ, or spliced through its LDA+MLLT matrix). Returns what
+    ``decode.json`` holds (the chosen ``acoustic_scale``, ``wer`` and ``per_scale`` WER as
+    numbers, ``real_time_factor`` of the wall time and ``real_time_factor_per_core`` of the
+    jobs' CPU time, ``jobs``) and ``counts``: the chosen scale's ``Counts`` per subset ({} with
+    nothing to score)."""
     c = GmmDecodeConfig.from_config(cfg)
     model_dir, data_dir = Path(model_dir), Path(data_dir)
     model, graph, lang = open_decoding(ModelRef(model_dir), graph_dir)
@@ -272,13 +273,16 @@ class Search:
 
 
 def search_utts(ref: ModelRef, model: AcousticModel, graph: Graph, utts: list[Utterance],
-                c: GmmDecodeConfig, nj: int = 1, audio_per_job: float = AUDIO_PER_JOB_S,
-                path_scale: float | None = None) -> Search:
+                c: GmmDecodeConfig, nj: int | JobConfig = 1,
+                audio_per_job: float = AUDIO_PER_JOB_S, path_scale: float | None = None,
+                ) -> Search:
     """``search_gmm`` over ``utts`` (features already as the model reads them) in up to ``nj``
-    jobs; with ``path_scale``, the best paths at that scale too (for fMLLR estimation)."""
+    jobs (a number, or a stage's ``JobConfig``: where they run too); with ``path_scale``, the
+    best paths at that scale too (for fMLLR estimation)."""
     t0 = time.time()
-    shares = job_shares(utts, nj, sum(len(u.feats) for u in utts) * 0.01, audio_per_job)
-    words, paths, cpu = _search_in_jobs(model, ref, graph, shares, c, path_scale)
+    jobs = as_job_config(nj)
+    shares = job_shares(utts, jobs.nj, sum(len(u.feats) for u in utts) * 0.01, audio_per_job)
+    words, paths, cpu = _search_in_jobs(model, ref, graph, shares, c, path_scale, jobs)
     return Search(words, paths, time.time() - t0, cpu, len(shares))
 
 
@@ -322,19 +326,17 @@ def write_decode(model: AcousticModel, lang: Lang, utts: list[Utterance],
 
 def _search_in_jobs(model: AcousticModel, ref: ModelRef, graph: Graph,
                     shares: list[list[Utterance]], c: GmmDecodeConfig, path_scale: float | None,
+                    jobs: JobConfig,
                     ) -> tuple[dict[float, dict[str, list[str]]], dict[str, np.ndarray], float]:
-    """``search_gmm`` over each share (here when there is one, else one spawned process per
-    share, which loads the model and the graph itself); the words, the paths and the CPU
-    seconds."""
-    if len(shares) == 1:
+    """``search_gmm`` over each share (here when there is one and ``cmd`` is local, else one
+    job per share, which loads the model and the graph itself); the words, the paths and the
+    CPU seconds."""
+    if len(shares) == 1 and jobs.cmd == "local":
         cpu0 = time.process_time()
         words, paths = search_gmm(model, graph, shares[0], c, path_scale)
         return words, paths, time.process_time() - cpu0
-    jobs = [(ref, graph.dir, share, c, path_scale) for share in shares]
-    with mp.get_context("spawn").Pool(len(jobs)) as pool:
-        results = pool.map(_search_job, jobs)
-        pool.close()
-        pool.join()
+    results = run_jobs(_search_job, [(ref, graph.dir, share, c, path_scale) for share in shares],
+                       jobs, f"search ({len(shares)} jobs)")
     words = {s: {u: w for (h, _), _ in results for u, w in h[s].items()}
              for s in c.acoustic_scales}
     paths = {u: p for (_, ps), _ in results for u, p in ps.items()}
@@ -342,8 +344,7 @@ def _search_in_jobs(model: AcousticModel, ref: ModelRef, graph: Graph,
 
 
 def _search_job(args: tuple) -> tuple[tuple[dict, dict], float]:
-    ref, graph_dir, utts, c, path_scale = args
-    torch.set_num_threads(1)   # nj jobs, one core each
+    ref, graph_dir, utts, c, path_scale = args   # threads: the job runner's (one by default)
     model, graph = ref.load(), load_graph(graph_dir)
     cpu0 = time.process_time()
     return search_gmm(model, graph, utts, c, path_scale), time.process_time() - cpu0

@@ -28,7 +28,6 @@ setting), ``out_dir/decode.json`` (every setting's WER, RTF, settings).
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -53,6 +52,7 @@ from asrtrain.decode import (
 from asrtrain.decode.ctc import TimedWord
 from asrtrain.decode.graph import Graph, faster_decoder, load_graph
 from asrtrain.features.reader import FeatureReader, appended_streams, chunk_starts
+from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.phones import PhoneSet
 from asrtrain.models.checkpoint import ModelCheckpoint
 
@@ -76,7 +76,7 @@ def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: P
 
 
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
-                  cfg: Mapping | HybridDecodeConfig | None = None, nj: int = 1,
+                  cfg: Mapping | HybridDecodeConfig | None = None, nj: int | JobConfig = 1,
                   audio_per_job: float = AUDIO_PER_JOB_S,
                   streams: Mapping[str, Path] | None = None) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
@@ -86,10 +86,12 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     ``lattice_beam`` (lattice decoder), ``max_active`` (faster decoder), ``min_lmwt``..``max_lmwt``
     and ``wips`` for the sweep, ``lmwt``/``wip`` to fix the setting instead of choosing it on
     this set, ``batch_chunks`` (chunks per forward pass), ``threads`` (torch CPU threads, 0:
-    leave as is; 1 in each job when ``nj`` > 1), ``device``.  ``nj``: parallel jobs, each a
-    process decoding a contiguous share of the utterances (the results are those of one job;
-    the number of jobs only says how the work is spread, so it is no decoding setting), and no
-    more jobs than one per ``audio_per_job`` seconds of audio (a job takes seconds to start).
+    leave as is: the job runner's ``threads`` in each job when ``nj`` > 1), ``device``.
+    ``nj``: parallel jobs, each a process decoding a contiguous share of the utterances (the
+    results are those of one job; the number of jobs only says how the work is spread, so it
+    is no decoding setting), and no more jobs than one per ``audio_per_job`` seconds of audio
+    (a job takes seconds to start); a stage's ``JobConfig`` also says where they run (``cmd``)
+    and their ``threads``.
     ``streams``: {stream: directory} of the per-frame streams the model's input appends
     (its checkpoint's ``features.append``; ``features.reader.stream_dirs`` of the set).
     Returns the summary written to ``decode.json``: the chosen ``lmwt``/``wip``, ``wer`` per
@@ -106,20 +108,17 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     reader = feature_reader(data_dir, ckpt, streams)
     audio = sum(reader.num_frames.values()) * ckpt.frame_shift if reader.data.utt2num_frames \
         else float("inf")
-    shares = job_shares(reader.utts, nj, audio, audio_per_job)
+    jobs = as_job_config(nj)
+    shares = job_shares(reader.utts, jobs.nj, audio, audio_per_job)
     t0 = time.time()
-    if len(shares) == 1:
+    if len(shares) == 1 and jobs.cmd == "local":
         hyps, stats = _decode_share((model_path, graph, graph_dir, data_dir, c, shares[0],
                                      (ckpt, model, device), streams))
     else:
-        jobs = [(model_path, graph_dir, graph_dir, data_dir, c, share, None, streams)
-                for share in shares]
-        with mp.get_context("spawn").Pool(len(jobs)) as pool:
-            results = list(tqdm(pool.imap(_decode_share, jobs), total=len(jobs),
-                                desc=f"decode {data_dir.name} ({len(jobs)} jobs)", unit="job",
-                                file=sys.stderr, disable=None, leave=False))
-            pool.close()
-            pool.join()
+        results = run_jobs(_decode_share,
+                           [(model_path, graph_dir, graph_dir, data_dir, c, share, None, streams)
+                            for share in shares],
+                           jobs, f"decode {data_dir.name} ({len(shares)} jobs)")
         hyps = {s: {u: w for h, _ in results for u, w in h[s].items()} for s in results[0][0]}
         stats = merge_stats([st for _, st in results])
     stats["wall_seconds"] = round(time.time() - t0, 2)
@@ -129,12 +128,10 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
 
 def _decode_share(args: tuple) -> tuple[dict, dict]:
     """One job: the network and the search over a share of the utterances (in this process with
-    the model ``loaded``, or in a spawned one that loads the model and the graph itself);
-    (timed words per setting, stats) with the CPU seconds of its decoding."""
+    the model ``loaded``, or in a job that loads the model and the graph itself, with the job
+    runner's threads); (timed words per setting, stats) with the CPU seconds of its decoding."""
     model_path, graph, graph_dir, data_dir, c, utts, loaded, streams = args
     here = loaded is not None
-    if not here and c.threads == 0:
-        torch.set_num_threads(1)   # nj jobs, one core each
     if not isinstance(graph, Graph):
         graph = load_graph(Path(graph))
     if loaded is None:

@@ -2,7 +2,8 @@
 
 Writes ``feats.scp``, ``utt2num_frames`` and per-speaker ``cmvn.scp`` (Kaldi's
 ``compute-cmvn-stats --spk2utt``) into the data dir; the matrices go to arks under ``feats_dir``.
-Utterances are split over ``nj`` processes by recording, so each recording is read once.
+Utterances are split over ``nj`` jobs by recording, so each recording is read once; the jobs run
+where the recipe's ``cmd`` says (:func:`asrtrain.jobs.run_jobs`: this machine or SLURM).
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import contextlib
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import kaldiio
@@ -27,6 +27,7 @@ from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_table, write_table
 from asrtrain.features.transform import cmvn_stats
 from asrtrain.fileio import atomic_ark, write_text
+from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def audio_seconds(data: DataDir) -> float:
 
 
 def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | Path,
-                     opts: FeatureOptions, nj: int = 2, *,
+                     opts: FeatureOptions, nj: int | JobConfig = 2, *,
                      extra: Sequence[tuple[FeatureOptions, str]] = (),
                      audio_per_worker: float = AUDIO_PER_WORKER_S) -> dict[str, float]:
     """Extract features for every utterance of one or more data dirs; return throughput figures.
@@ -159,8 +160,11 @@ def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | 
     ``finish_pass`` turns them into that data dir's tables (so ``mfcc`` needs no second decode
     of the audio). All data dirs share one pool of at most ``nj`` worker processes, and no more
     than one per ``audio_per_worker`` seconds of audio: a worker costs seconds to start, and
-    a small set is done sooner in this process.
+    a small set is done sooner in this process.  ``nj`` may be a stage's ``JobConfig`` (its
+    ``nj``, and where the jobs run: ``cmd: slurm`` submits even a single job to the cluster).
     """
+    jobs_config = as_job_config(nj)
+    nj = jobs_config.nj
     dirs = [Path(d) for d in (data_dirs if isinstance(data_dirs, list) else [data_dirs])]
     for o, _ in extra:
         if (o.sample_rate, o.resample) != (opts.sample_rate, opts.resample):
@@ -181,7 +185,7 @@ def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | 
     jobs = [job for d, _ in plans for job in jobs_of[d]]
     workers = min(workers, len(jobs))
     t0 = time.time()
-    results = _run_jobs(jobs, workers, opts.kind)
+    results = _run_jobs(jobs, workers, opts.kind, jobs_config)
     elapsed = time.time() - t0
     frames = sum(r[1][0] for r in results)
     figures = {"utterances": 0, "frames": frames, "seconds": elapsed,
@@ -215,23 +219,13 @@ def _plan_jobs(data: DataDir, outputs: list[Output], feats_dir: Path, nj: int) -
     return jobs
 
 
-def _run_jobs(jobs: list[tuple], workers: int, kind: str) -> list[tuple[int, list[int], float]]:
-    """Run the jobs here (one worker: nothing to start) or in a pool of spawned processes."""
-    if workers == 1:
-        return [_extract_job((*job[:3], True)) for job in jobs]
-    results = []
-    with mp.get_context("spawn").Pool(workers) as pool:
-        with tqdm(total=len(jobs), desc=f"{kind} jobs", unit="job", file=sys.stderr,
-                  disable=None, leave=False) as bar:
-            for r in pool.imap_unordered(_extract_job, jobs):
-                results.append(r)
-                bar.update()
-        # Let the workers exit on their own: leaving the block terminates them, and a worker
-        # killed so never unlinks the named semaphore tqdm made in it (resource_tracker's
-        # "leaked semaphore" warning at exit).
-        pool.close()
-        pool.join()
-    return results
+def _run_jobs(jobs: list[tuple], workers: int, kind: str, config: JobConfig,
+              ) -> list[tuple[int, list[int], float]]:
+    """Run the jobs, at most ``workers`` at once: here when one worker on this machine
+    (nothing to start; a progress bar per utterance), else through the job runner."""
+    here = workers == 1 and config.cmd == "local"
+    return run_jobs(_extract_job, [(*job[:3], here) for job in jobs],
+                    replace(config, nj=workers), f"{kind} jobs", in_process=here)
 
 
 def pass_key(data: DataDir, opts: FeatureOptions) -> str:

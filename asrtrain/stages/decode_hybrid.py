@@ -50,6 +50,7 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     from asrtrain.decode import HybridDecodeConfig, note_tuned_on
     from asrtrain.decode.hybrid import decode_hybrid
     from asrtrain.features.reader import appended_streams, stream_dirs
+    from asrtrain.jobs import JobConfig, job_log_dir
     from asrtrain.report import chosen_on, record_result
     from asrtrain.score import describe_scoring, report_wer
 
@@ -59,7 +60,8 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     log.info("decode_hybrid %s %s: %s", system, name, describe_scoring(data))
     streams = stream_dirs(paths, name, appended_streams(hcfg.features))
     summary = decode_hybrid(paths.model_dir(system) / "final.pt", graph, data, dec, options,
-                            nj=int(ctx.cfg.nj), streams=streams)
+                            nj=JobConfig.from_config(ctx.cfg, log_dir=job_log_dir(paths.exp)),
+                            streams=streams)
     if tuned_on:
         note_tuned_on(dec, tuned_on)
     if summary.get("counts"):

@@ -1,0 +1,222 @@
+"""``cmd: slurm`` on a real one-node SLURM cluster (tests/slurm/start_slurm.sh: slurmctld, slurmd
+and munge on this machine): the job runner's results equal ``cmd: local``'s, a failed job is
+named with its SLURM id and logs, Ctrl-C cancels the jobs, and the tiny recipe's stages make the
+same bytes either way while changing ``cmd`` reruns nothing."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.jobs import JobConfig, SlurmOptions, run_jobs
+
+REPO = Path(__file__).resolve().parents[1]
+START = REPO / "tests" / "slurm" / "start_slurm.sh"
+PARTITION = "debug"
+# Small jobs for a small node: the machine's cores are shared with the rest of the suite.
+SLURM = ["cmd=slurm", f"slurm.partition={PARTITION}", "slurm.mem_gb=1", "slurm.poll_s=0.5"]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """A running one-node cluster (started, packages installed, by start_slurm.sh); the test
+    fails with the script's output when it cannot start one.  Skipped, with the reason, only
+    where the script cannot run at all: not root, or no apt-get and no SLURM."""
+    have_slurm = all(shutil.which(c) for c in ("slurmctld", "slurmd", "sbatch", "munged"))
+    why = None
+    if os.geteuid() != 0:
+        why = "not root: tests/slurm/start_slurm.sh installs and starts SLURM as root"
+    elif not have_slurm and shutil.which("apt-get") is None:
+        why = "no SLURM and no apt-get to install it (slurmctld, slurmd, slurm-client, munge)"
+    if why:
+        warnings.warn(f"tests/test_slurm.py skipped: {why}", stacklevel=1)
+        pytest.skip(why)
+    try:
+        proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{START} did not finish in {e.timeout} s:\n{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        pytest.fail(f"{START} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return PARTITION
+
+
+@pytest.fixture
+def importable_tests(monkeypatch) -> None:
+    """This module importable in the jobs (a fresh interpreter on the node, with the submitting
+    environment): the jobs below are its functions, pickled by reference as any job is."""
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO / "tests"), path) if p))
+
+
+def _square_and_threads(x: int) -> tuple[int, int]:
+    return x * x, torch.get_num_threads()
+
+
+def _array_task(x: int) -> str | None:
+    return os.environ.get("SLURM_ARRAY_TASK_ID")
+
+
+def _fail_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three is not allowed")
+    return x
+
+
+def _sleep(x: int) -> int:
+    time.sleep(300)
+    return x
+
+
+def _slurm_jobs(tmp_path: Path, nj: int = 2, threads: int = 1) -> JobConfig:
+    return JobConfig(nj=nj, cmd="slurm", threads=threads, log_dir=tmp_path / "slurm",
+                     slurm=SlurmOptions(partition=PARTITION, mem_gb=0.5, poll_s=0.5))
+
+
+@pytest.mark.timeout(300)
+def test_slurm_jobs_return_what_local_jobs_return_in_order(slurm_cluster, importable_tests,
+                                                           tmp_path):
+    args = list(range(5))
+    local = run_jobs(_square_and_threads, args, JobConfig(nj=2), "squares")
+    on_slurm = run_jobs(_square_and_threads, args, _slurm_jobs(tmp_path), "squares")
+    assert on_slurm == local == [(x * x, 1) for x in args]
+    # one array, at most nj jobs of it at once, each job the array task of its argument
+    tasks = run_jobs(_array_task, args, _slurm_jobs(tmp_path, threads=2), "tasks")
+    assert tasks == [str(x) for x in args]
+    script = (tmp_path / "slurm" / "tasks").glob("*_submission.sh")
+    text = next(script).read_text()
+    assert "#SBATCH --array=0-4%2" in text and "#SBATCH --cpus-per-task=2" in text
+    assert f"#SBATCH --partition={PARTITION}" in text
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_slurm_job_is_named_with_its_logs(slurm_cluster, importable_tests, tmp_path):
+    with pytest.raises(AsrtrainError) as err:
+        run_jobs(_fail_on_three, list(range(5)), _slurm_jobs(tmp_path), "counting")
+    message = str(err.value)
+    assert "counting: job 4 of 5 (SLURM job " in message
+    assert "_3) failed: ValueError: three is not allowed" in message
+    logs = [Path(w) for w in message.split() if w.endswith(("_log.out", "_log.err"))]
+    assert len(logs) == 2 and all(p.is_file() for p in logs), message
+    assert "three is not allowed" in logs[1].read_text()
+
+
+def test_no_sbatch_is_an_error_that_says_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(AsrtrainError, match="cmd=slurm but sbatch is not on PATH: install "
+                                            "SLURM or use cmd=local"):
+        run_jobs(_square_and_threads, [1, 2], _slurm_jobs(tmp_path), "squares")
+
+
+def _queued(name: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-r", "-n", name, "-t", "PENDING,RUNNING",
+                          "-o", "%i"], capture_output=True, text=True, check=True, timeout=60)
+    return out.stdout.split()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_cancels_the_jobs(slurm_cluster, importable_tests, tmp_path):
+    code = ("import sys, test_slurm as t; from pathlib import Path; "
+            "from asrtrain.jobs import run_jobs; "
+            f"run_jobs(t._sleep, [1, 2, 3], t._slurm_jobs(Path({str(tmp_path)!r})), 'sleepers')")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO / "tests")
+    try:
+        deadline = time.time() + 120
+        while not _queued("asrtrain-sleepers") and time.time() < deadline:
+            time.sleep(0.5)
+        assert _queued("asrtrain-sleepers"), "the jobs never reached the queue"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "cancelled" in out, out
+    deadline = time.time() + 60
+    while _queued("asrtrain-sleepers") and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _queued("asrtrain-sleepers")
+
+
+# ------------------------------------------------------------------------ the tiny recipe
+def asrtrain(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def _same_tree(local: Path, slurm: Path, sub: str, *, skip: tuple[str, ...] = ()) -> list[str]:
+    """The files under ``sub`` of two exp dirs that differ (or are in one only); tables that
+    name their own exp dir (scps) are compared with that path replaced."""
+    a, b = local / sub, slurm / sub
+    names = {p.relative_to(a) for p in a.rglob("*") if p.is_file()} | \
+            {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    assert names, f"nothing under {a} or {b}"
+    differ = []
+    for rel in sorted(names):
+        if any(str(rel).startswith(s) for s in skip):
+            continue
+        pa, pb = a / rel, b / rel
+        if not (pa.is_file() and pb.is_file()):
+            differ.append(f"{rel} (in one only)")
+        elif not filecmp.cmp(pa, pb, shallow=False):
+            ta, tb = pa.read_bytes(), pb.read_bytes()
+            if ta.replace(str(local).encode(), b"EXP") != tb.replace(str(slurm).encode(), b"EXP"):
+                differ.append(str(rel))
+    return differ
+
+
+@pytest.mark.timeout(900)
+def test_features_stage_on_slurm_makes_the_same_bytes_and_cmd_reruns_nothing(slurm_cluster,
+                                                                            tmp_path):
+    local, slurm = tmp_path / "local", tmp_path / "slurm"
+    asrtrain("run", "recipes/tiny", f"exp_dir={local}", "nj=2", "--to", "features")
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={slurm}", "nj=2", *SLURM,
+                   "--to", "features")
+    assert "submitted to SLURM" in out.stderr
+    logs = list((slurm / "log" / "slurm").rglob("*_log.out"))
+    assert logs, "no SLURM job logs: the features jobs did not go through SLURM"
+    arks = sorted(p.name for p in (local / "feats").glob("*.ark"))
+    assert any(a.startswith("raw_fbank") for a in arks) and \
+        any(a.startswith("raw_mfcc") for a in arks)
+    assert _same_tree(local, slurm, "feats") == []
+    assert _same_tree(local, slurm, "data") == []
+    # cmd, threads and slurm say where the work runs, not what it makes: nothing reruns
+    again = asrtrain("run", "recipes/tiny", f"exp_dir={local}", "nj=2", *SLURM, "threads=2",
+                     "slurm.mem_gb=2", "--to", "features")
+    assert "nothing to do" in again.stderr and "starts" not in again.stderr, again.stderr
+
+
+# The GMM passes small (tests/test_e2e.py's): mono and tri1, a few iterations, no decoding.
+ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "~align.passes.tri3",
+               "~align.passes.tri4", "align.passes.mono.num_iters=4",
+               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
+               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
+               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
+
+
+@pytest.mark.timeout(1800)
+def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tmp_path):
+    local, slurm = tmp_path / "local", tmp_path / "slurm"
+    stages = "stages=[prepare,lang,lm,mfcc,align]"
+    asrtrain("run", "recipes/tiny", f"exp_dir={local}", "nj=2", stages, *ALIGN_SMALL)
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={slurm}", "nj=2", stages, *ALIGN_SMALL,
+                   *SLURM)
+    align_logs = [p for p in (slurm / "log" / "slurm").rglob("*_log.out")
+                  if "mfcc" not in p.parent.name]
+    assert align_logs, ("the align stage ran no job through SLURM (its jobs do not go through "
+                        f"asrtrain.jobs.run_jobs yet):\n{out.stderr[-3000:]}")
+    assert _same_tree(local, slurm, "align", skip=("log",)) == []
