@@ -9,13 +9,14 @@ ASRTRAIN := $(VENV)/bin/asrtrain
 # The stage table of asrtrain/stages/__init__.py, in its order (tests/test_pipeline.py checks it).
 STAGES := prepare lang features train decode score lm mfcc align ivectors train_hybrid decode_hybrid
 
-.PHONY: help install system-deps smoke test lint bench clean $(STAGES)
+.PHONY: help install system-deps slurm smoke test lint bench clean $(STAGES)
 
 help:
 	@echo "make smoke       set up, then run the tiny recipe end to end (asrtrain run $(RECIPE))"
 	@echo "make test        set up, then run the test suite"
 	@echo "make STAGE       run one stage of RECIPE (default $(RECIPE)), ARGS=\"overrides\":"
 	@echo "                 $(STAGES)"
+	@echo "make slurm       a one-node SLURM cluster on this machine, for cmd=slurm (root, Debian)"
 	@echo "make lint | bench | clean"
 
 install: $(VENV)/.installed
@@ -52,6 +53,12 @@ system-deps:
 	  then echo "note: espeak-ng is not installed: data/tiny/make_tiny.py and" \
 	    "tests/test_align.py need it (sudo apt-get install $(OPTIONAL_DEBS))"; fi; \
 	fi
+
+# slurmctld, slurmd and munge on this machine, partition `debug` (tests/slurm/start_slurm.sh,
+# idempotent; installs them with apt-get). tests/test_slurm.py runs the same script itself, so
+# `make test` needs no separate step.
+slurm:
+	bash tests/slurm/start_slurm.sh
 
 smoke: install system-deps
 	$(ASRTRAIN) run $(RECIPE) $(ARGS)
