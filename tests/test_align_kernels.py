@@ -155,3 +155,45 @@ def test_accumulate_stats_equals_utterance_by_utterance_definitions() -> None:
         assert one.keys() == ref.keys()
         for p, c in ref.items():
             np.testing.assert_array_equal(one[p], c)
+
+
+def _reference_viterbi(g, ll: np.ndarray) -> np.ndarray | None:
+    """Viterbi through ``g`` in plain loops (float32, acoustic scale 1): each state's first
+    strictly best incoming arc in arc order; the best final state, the highest on a tie."""
+    score = g.start + ll[0]
+    back = np.zeros((len(ll), g.num_states), dtype=np.int64)
+    for t in range(1, len(ll)):
+        new = np.full(g.num_states, -np.inf, dtype=np.float32)
+        for a in range(len(g.src)):
+            v = score[g.src[a]] + g.weight[a]
+            if v > new[g.dst[a]]:
+                new[g.dst[a]], back[t, g.dst[a]] = v, g.src[a]
+        score = new + ll[t]
+    end = score + g.final
+    if not np.isfinite(end.max()):
+        return None
+    cur = int(np.flatnonzero(end == end.max())[-1])
+    path = [cur]
+    for t in range(len(ll) - 1, 0, -1):
+        cur = int(back[t, cur])
+        path.append(cur)
+    return np.asarray(path[::-1])
+
+
+def test_viterbi_equals_plain_loops_with_many_ties() -> None:
+    """Utterances of different lengths in one batch (the search runs the longest first and
+    stops each at its end), likelihoods of a few integer values so that paths tie often."""
+    from asrtrain.align.bench import random_graph
+    from asrtrain.align.viterbi import viterbi_states
+
+    rng = np.random.default_rng(5)
+    graphs = [random_graph(int(n), 40, 3.0, rng) for n in (30, 12, 45, 12, 20)]
+    lls = [rng.integers(-3, 0, (n, g.num_states)).astype(np.float32)
+           for n, g in zip((30, 9, 45, 12, 20), graphs, strict=True)]
+    found = viterbi_states(graphs, [torch.from_numpy(x) for x in lls], acoustic_scale=1.0)
+    for g, ll, a in zip(graphs, lls, found, strict=True):
+        want = _reference_viterbi(g, ll)
+        if want is None:
+            assert a.states is None
+        else:
+            np.testing.assert_array_equal(a.states, want)

@@ -88,19 +88,30 @@ class DiagGmmSet:
                                                                     torch.Tensor]:
         """Live components only: ``[2D, G]`` weights, ``[G]`` constants, ``[G]`` pdf."""
         if self._cache is None or self._cache[0].dtype != dtype:
-            w, g = self._padded_linear()
+            w, g = self._padded_linear(dtype)
             live = torch.isfinite(self.log_weights)
             pdf = torch.arange(self.num_pdfs, device=w.device)[:, None].expand_as(live)[live]
             self._cache = (w[live].T.to(dtype).contiguous(), g[live].to(dtype), pdf)
         return self._cache
 
-    def _padded_linear(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _padded_linear(self, dtype: torch.dtype = torch.float64,
+                       chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
         """``[P, M, 2D]`` linear weights and ``[P, M]`` constants (-inf for unused components)
-        in float64: a frame's component log-likelihood is ``[x, x^2] . w + g``."""
-        inv = 1.0 / self.vars
-        gconst = (self.log_weights - 0.5 * (self.dim * LOG_2PI + self.vars.log().sum(-1)
-                                            + (self.means ** 2 * inv).sum(-1)))
-        return torch.cat([self.means * inv, -0.5 * inv], dim=-1), gconst
+        in ``dtype`` (computed in float64): a frame's component log-likelihood is
+        ``[x, x^2] . w + g``.  Made ``chunk`` pdfs at a time, so the float64 temporaries are a
+        chunk's, not five model-sized ones (a 1.2 GB peak at 200k Gaussians)."""
+        p, m, d = self.means.shape
+        w = torch.empty(p, m, 2 * d, dtype=dtype, device=self.means.device)
+        g = torch.empty(p, m, dtype=dtype, device=self.means.device)
+        for i in range(0, p, chunk):
+            mean, var = self.means[i:i + chunk], self.vars[i:i + chunk]
+            inv = 1.0 / var
+            g[i:i + chunk] = (self.log_weights[i:i + chunk]
+                              - 0.5 * (d * LOG_2PI + var.log().sum(-1)
+                                       + (mean ** 2 * inv).sum(-1)))
+            w[i:i + chunk, :, :d] = mean * inv
+            w[i:i + chunk, :, d:] = -0.5 * inv
+        return w, g
 
     def _used(self) -> torch.Tensor:
         """``[P]`` slots up to each pdf's last live component (mixing up fills slots in order,
@@ -116,8 +127,8 @@ class DiagGmmSet:
         """``[P, M, 2D]`` weights, ``[P, M]`` constants in ``dtype`` and :meth:`_used`, kept
         until the model changes."""
         if self._sparse is None or self._sparse[0].dtype != dtype:
-            w, g = self._padded_linear()
-            self._sparse = (w.to(dtype).contiguous(), g.to(dtype).contiguous(), self._used())
+            w, g = self._padded_linear(dtype)
+            self._sparse = (w, g, self._used())
         return self._sparse
 
     def loglikes(self, x: torch.Tensor, block: int | None = None, max_batch_mb: float = 256.0,
@@ -246,20 +257,28 @@ class DiagGmmSet:
             stats.sxx.view(-1, d).index_add_(0, slot, acc[:, 1 + d:])
         stats.loglike += float(total)
 
-    def _acc_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _acc_table(self, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
         """float64 ``[G, 1+2D]`` rows ``[gconst, mean/var, -0.5/var]`` of every slot up to each
         pdf's last live component (:meth:`_used`), pdf by pdf, and ``[P]`` each pdf's first
         row: a component's log-likelihood is ``[1, x, x^2] . row``.  Kept until the model
         changes; made from the used slots only, never the padded ``[P, M, 2D]``."""
         if self._acc is None:
             used = self._used()
-            live = torch.arange(self.means.shape[1], device=used.device)[None, :] < used[:, None]
-            mean, var, logw = self.means[live], self.vars[live], self.log_weights[live]
-            inv = 1.0 / var
-            gconst = logw - 0.5 * (self.dim * LOG_2PI + var.log().sum(-1)
-                                   + (mean * mean * inv).sum(-1))
-            table = torch.cat([gconst[:, None], mean * inv, -0.5 * inv], dim=1)
-            self._acc = (table, torch.cumsum(used, 0) - used)
+            first = torch.cumsum(used, 0) - used
+            d = self.dim
+            table = torch.empty(int(used.sum()), 1 + 2 * d, dtype=torch.float64,
+                                device=used.device)
+            slots = torch.arange(self.means.shape[1], device=used.device)
+            for i in range(0, self.num_pdfs, chunk):     # a chunk's temporaries at a time
+                live = slots[None, :] < used[i:i + chunk, None]
+                mean, var = self.means[i:i + chunk][live], self.vars[i:i + chunk][live]
+                inv = 1.0 / var
+                rows = table[int(first[i]):int(first[i]) + len(mean)]
+                rows[:, 0] = self.log_weights[i:i + chunk][live] - 0.5 * (
+                    d * LOG_2PI + var.log().sum(-1) + (mean * mean * inv).sum(-1))
+                rows[:, 1:1 + d] = mean * inv
+                rows[:, 1 + d:] = -0.5 * inv
+            self._acc = (table, first)
         return self._acc
 
     def update(self, stats: GmmStats, var_floor: torch.Tensor,

@@ -39,10 +39,26 @@ def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
                    device: torch.device | str = "cpu") -> list[Alignment]:
     """Align each utterance through ``graphs[u]`` given ``acoustics_of[u]``, ``[T_u, S_u]``: the
     log-likelihood of each graph state's pdf at each frame (made from the pdfs the graph uses
-    only, see :meth:`DiagGmmSet.pdf_loglikes`)."""
+    only, see :meth:`DiagGmmSet.pdf_loglikes`).  The utterances are searched longest first, so
+    at every frame the states still running are a prefix of the batch's: each step works on
+    that prefix only, and an ended utterance's states keep their scores untouched."""
+    if not graphs:
+        return []
+    by_len = sorted(range(len(graphs)), key=lambda i: -int(acoustics_of[i].shape[0]))
+    found = _viterbi_longest_first([graphs[i] for i in by_len],
+                                   [acoustics_of[i] for i in by_len], acoustic_scale,
+                                   torch.device(device))
+    out: list[Alignment | None] = [None] * len(graphs)
+    for k, i in enumerate(by_len):
+        out[i] = found[k]
+    return out
+
+
+def _viterbi_longest_first(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
+                           acoustic_scale: float, device: torch.device) -> list[Alignment]:
+    """:func:`viterbi_states` of utterances in order of decreasing length."""
     # One function on purpose (over 80 lines): the batched tensors built at the top are used by
     # the forward pass and the backtrace below; split, they would travel as a dozen arguments.
-    device = torch.device(device)
     lengths = [int(ll.shape[0]) for ll in acoustics_of]
     offsets = np.cumsum([0] + [g.num_states for g in graphs])
     total = int(offsets[-1])
@@ -59,7 +75,6 @@ def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
     start, final = cat("start").float(), cat("final").float()
     utt_of_state = torch.from_numpy(np.repeat(np.arange(len(graphs)),
                                               np.diff(offsets))).to(device)
-    len_of_state = torch.tensor(lengths, device=device)[utt_of_state]
     # acoustic score of every state at every frame (frames past an utterance's end stay 0)
     acoustics = torch.zeros(t_max, total, device=device)
     for i, ll in enumerate(acoustics_of):
@@ -77,19 +92,34 @@ def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
     in_w[dst[order], slot] = weight[order]
     in_arc[dst[order], slot] = order
 
+    # the states of the utterances still running at frame t: a prefix, as lengths decrease
+    running = np.searchsorted(-np.asarray(lengths), -np.arange(t_max), side="left")
+    prefix = offsets[running].tolist()
     # scaled row by row in the loop (the same products): a scaled copy of the whole
     # [frames, states] matrix was a third of a batch's memory
     score = torch.cat([start + acoustic_scale * acoustics[0],
                        torch.tensor([neg_inf], device=device)])
-    back = torch.full((t_max, total), -1, dtype=torch.int32, device=device)
-    active_mask = torch.zeros(total + 1, dtype=torch.bool, device=device)
+    # back-pointers are slots among a state's incoming arcs: a byte each when they fit
+    back = torch.empty(t_max, total, device=device,
+                       dtype=torch.int8 if k_max <= 127 else torch.int32)
+    # the max over a state's incoming arcs as a running max over arc slots, each slot a vector
+    # over all states (a max over a short inner axis, and bool masks, are slow in torch); the
+    # slot of the first strict maximum is kept, as torch.max(dim) returns it
+    srcs = [in_src[:, k].contiguous() for k in range(k_max)]
+    weights = [in_w[:, k].contiguous() for k in range(k_max)]
+    best, cand, arg, up = (torch.empty(total, device=device) for _ in range(4))
     for t in range(1, t_max):
-        best, arg = (score[in_src] + in_w).max(dim=1)
-        back[t] = arg.int()
-        # states of utterances that have ended keep their final scores
-        active_mask[:total] = len_of_state > t
-        step = torch.cat([best + acoustic_scale * acoustics[t], score[-1:]])
-        score = torch.where(active_mask, step, score)
+        n = prefix[t]
+        b, c, a, u = best[:n], cand[:n], arg[:n], up[:n]
+        torch.index_select(score, 0, srcs[0][:n], out=b).add_(weights[0][:n])
+        a.zero_()
+        for k in range(1, k_max):
+            torch.index_select(score, 0, srcs[k][:n], out=c).add_(weights[k][:n])
+            torch.lt(b, c, out=u)                        # 1.0 where slot k is strictly better
+            torch.maximum(a, u.mul_(k), out=a)           # k exceeds every earlier slot
+            torch.maximum(b, c, out=b)
+        back[t, :n] = a
+        score[:n] = b + acoustic_scale * acoustics[t, :n]
     score = score[:total]
     end = score + final
     best_end = torch.full((len(graphs),), neg_inf, device=device).scatter_reduce(
@@ -106,7 +136,8 @@ def viterbi_states(graphs: list[HmmGraph], acoustics_of: list[torch.Tensor],
         live = (lens > t) & ok
         path[:, t] = torch.where(live, cur, path[:, t])
         if t > 0:
-            arc = in_arc[cur, back[t][cur].long()]     # back-pointer slot -> arc
+            # back-pointer slot -> arc (an ended utterance's slot is unset: any will do)
+            arc = in_arc[cur, back[t][cur].long().clamp_(0, k_max - 1)]
             prev = src[arc.clamp(min=0)]
             cur = torch.where(live, prev, cur)
 
