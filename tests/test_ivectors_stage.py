@@ -111,6 +111,9 @@ def test_every_set_has_online_ivectors_with_ceil_rows(exp: Path) -> None:
 
 def test_a_rerun_skips_and_a_killed_extraction_resumes_at_its_set(exp: Path) -> None:
     assert "nothing to do" in run(exp, *STAGE).stderr
+    # how the work is launched is not in the digest: other nj, threads, batch size rerun nothing
+    assert "nothing to do" in run(exp, *STAGE, "nj=3", "threads=2", "cmd=local",
+                                  "ivector.online.batch_frames=5000").stderr
     ark = exp / "ivectors" / "train_nodup" / "ivector_online.1.ark"
     before = ark.stat().st_mtime_ns
     # as a run killed during eval2000's extraction leaves it: no stage record, no set marker

@@ -119,7 +119,7 @@ def main() -> None:
         n = sum(len(x) for x in few)
         result["per_utterance_frames_per_cpu_s"] = round(n / max(cpu, 1e-9))
         result["max_abs_diff_vs_float64"] = float(max(
-            (o.double() - q).abs().max() for o, q in zip(out, ref, strict=True)))
+            (o.double() - q).abs().max() for o, q in zip(out[:len(ref)], ref, strict=True)))
         result["max_abs_ivector"] = float(max(q.abs().max() for q in ref))
         result["per_utterance_max_abs_diff"] = float(max(
             (o - q).abs().max() for o, q in zip(rows, ref, strict=True)))
