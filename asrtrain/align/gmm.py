@@ -11,6 +11,7 @@ floored, and mixing up splits the heaviest components (:meth:`DiagGmmSet.mixup`)
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,14 +194,13 @@ class DiagGmmSet:
 
     # ---------------------------------------------------------------- training
     def zero_stats(self) -> GmmStats:
-        """Zero float64 statistics of this model's shape.  On the CPU they come from
-        ``np.zeros`` (the pages are zero-filled by the kernel as they are first written), so a
-        job whose frames reach a few of the pdfs does not pay for writing every pdf's zeros:
-        that was most of the time of accumulating 20k frames at 200k Gaussians."""
+        """Zero float64 statistics of this model's shape.  On the CPU they live in fresh
+        anonymous memory (:func:`_untouched_zeros`): a page is zero-filled by the kernel when
+        first written, so a job pays for the slots its frames reach (a pdf's used components,
+        a third of the padded width at 200k Gaussians), not for writing every zero."""
         p, m, d = self.means.shape
         if self.means.device.type == "cpu":
-            def zeros(*shape: int) -> torch.Tensor:
-                return torch.from_numpy(np.zeros(shape, dtype=np.float64))
+            zeros = _untouched_zeros
         else:
             def zeros(*shape: int) -> torch.Tensor:
                 return torch.zeros(shape, dtype=torch.float64, device=self.means.device)
@@ -335,6 +335,15 @@ class DiagGmmSet:
                 self.log_weights[j, k] = half
                 self.log_weights[j, slot] = half
         self._cache = self._sparse = self._slots = self._acc = None
+
+
+def _untouched_zeros(*shape: int) -> torch.Tensor:
+    """A float64 CPU tensor of zeros in its own anonymous mapping, unmapped when the tensor goes.
+    Not ``torch.zeros`` (writes every page) nor ``np.zeros`` (asks for huge pages, whose first
+    fault can stall on memory compaction: a second per call seen on a busy machine)."""
+    n = math.prod(shape)
+    buf = mmap.mmap(-1, max(n, 1) * 8)
+    return torch.from_numpy(np.frombuffer(buf, dtype=np.float64, count=n).reshape(shape))
 
 
 def _frames_per_block(values_per_frame: int, dtype: torch.dtype, max_mb: float) -> int:
