@@ -216,7 +216,7 @@ class DiagGmmSet:
         the same number of frames (powers of two) are one batched product.  Everything is
         float64 (the sums of squares need it); a frame's statistics do not depend on what else
         is in the call, so splitting the frames over calls changes sums by rounding only."""
-        p_all, m_all, d = self.means.shape
+        _, m_all, d = self.means.shape
         n = x.shape[0]
         stats.frames += n
         if not n:
