@@ -708,8 +708,8 @@ def online_ivectors_batch(extractor: IvectorExtractor, ubm: DiagUbm, feats: list
     if len(follows) != len(feats):
         raise AsrtrainError(f"online i-vectors: {len(follows)} 'follows' flags for "
                             f"{len(feats)} utterances")
-    if not feats:
-        return []
+    if not feats or not any(len(x) for x in feats):
+        return [torch.zeros(0, extractor.ivector_dim, dtype=dtype) for _ in feats]
     c, d, r = extractor.M.shape
     dev = ubm.means.device
     sm, u, mu = _online_terms(extractor, dtype)
@@ -752,6 +752,9 @@ def online_ivectors_batch(extractor: IvectorExtractor, ubm: DiagUbm, feats: list
     limit = max_remembered_frames * opts.posterior_scale
     state = None
     for i, n in enumerate(rows):
+        if n == 0:      # no frames: the state passes through (or starts afresh)
+            state = state if follows[i] else None
+            continue
         a, b = int(row_start[i]), int(row_start[i]) + n
         quad[a:b].cumsum_(0)
         lin[a:b].cumsum_(0)

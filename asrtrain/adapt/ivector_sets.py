@@ -1,8 +1,11 @@
 """Kaldi's online i-vector recipe on data dirs: the diagonal UBM and the extractor trained on a
 set's stored features, online i-vectors of every utterance written as arks, and the import of
 Kaldi's own ``ivector_online.scp``. The estimators are :mod:`asrtrain.adapt.ivector`'s; this
-module reads the features, keeps memory bounded and writes the files
-(``asrtrain/stages/ivectors.py`` says which steps run).
+module splits the sets into jobs (:mod:`asrtrain.jobs`, whole speakers per job as
+``split_data.sh``), whose module-level functions read their part's features and return
+statistics or write their ark, and sums what they return in job order, so that no result
+depends on ``nj`` or on where the jobs ran (``asrtrain/stages/ivectors.py`` says which steps
+run).
 
 The features are the data dir's stored ones as ``FeatureReader`` gives them, by default with no
 per-speaker CMVN (``cmvn: false``): Kaldi's online i-vectors see no per-speaker statistics at
@@ -483,7 +486,7 @@ def extract_set(frames: SetFrames, ubm: DiagUbm, ext: IvectorExtractor, opts: di
     write_text(out / "ivector_period", f"{period}\n")
     for a in args:
         a.scp.unlink(missing_ok=True)
-    _remove_stale_arks(out, len(args))
+    _remove_stale_arks(out, {a.ark.name for a in args})
     total = frames.frames_of(frames.utts)
     cpu = sum(r["cpu_seconds"] for r in results)
     return {"utterances": len(lines), "frames": total, "seconds": round(seconds, 2),
@@ -492,12 +495,11 @@ def extract_set(frames: SetFrames, ubm: DiagUbm, ext: IvectorExtractor, opts: di
             "jobs": len(args), "groups": sum(len(a.groups) for a in args)}
 
 
-def _remove_stale_arks(out: Path, num_jobs: int) -> None:
-    """Arks an earlier run left that the new scp does not name (more jobs then, or the single
-    ark of before jobs)."""
+def _remove_stale_arks(out: Path, keep: set[str]) -> None:
+    """The arks an earlier run left in ``out`` that the new scp does not name (more jobs then,
+    or one ark of an import)."""
     for ark in out.glob("ivector_online*.ark"):
-        stem = ark.name[len("ivector_online"):-len(".ark")]
-        if stem == "" or (stem[1:].isdigit() and int(stem[1:]) > num_jobs):
+        if ark.name not in keep:
             ark.unlink()
 
 
@@ -531,6 +533,7 @@ def import_kaldi_ivectors(kaldi_dir: Path, data_dir: Path, out: Path) -> dict:
             dim = m.shape[1]
             writer(utt, m)
     write_text(out / "ivector_period", f"{period}\n")
+    _remove_stale_arks(out, {"ivector_online.ark"})
     return {"utterances": len(frames), "period": period, "dim": dim, "source": str(kaldi_dir)}
 
 
