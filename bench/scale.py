@@ -1,22 +1,30 @@
-"""The data stages at three corpus sizes, and a projection to Switchboard (SWB-300, SWB-2000).
+"""Every stage of the hybrid recipe at three corpus sizes, and a projection to Switchboard.
 
-    python bench/scale.py [--quick] [--sizes H H H] [--cores C] [--gpus G]
+    python bench/scale.py [--quick] [--sizes H H H] [--nj 2] [--work DIR]
 
 For each size it generates a scale corpus (data/tiny/make_tiny.py --hours H, test set H/5) and
-runs the tiny recipe on it, one stage per `asrtrain run ... --stage X --to X` subprocess:
-prepare, lang, lm, features, mfcc, align, train_hybrid, decode_hybrid, with small model and
-trainer settings (those of tests/test_e2e.py) so that the figures are about the data stages.
-Per stage it records wall time, CPU time (user + sys of the stage and its children, from
-os.wait4) and peak RSS (the largest of the stage's processes), and throughput: real time per
-CPU second for features, mfcc and decode_hybrid, frames per CPU second for align. Over the
-sizes it fits the exponent of cost growth (log-log least squares of CPU time against hours).
+runs the tiny recipe on it, one stage per `asrtrain run ... --stage X --to X` subprocess, each
+with `nj` jobs: prepare, lang, lm, features, mfcc, align (mono, tri1, tri3 LDA+MLLT, tri4 SAT with
+few iterations), ivectors, train_hybrid (one epoch of a small BLSTM on the 260-dim input),
+decode_hybrid. Per stage it records wall time, CPU time, the peak RSS of its largest process,
+and its parallel fraction: the share of its CPU time spent in child processes (the jobs) rather
+than in the stage process itself. The stage runs under a small wrapper that reports, at exit,
+its own `getrusage(RUSAGE_SELF)` and `RUSAGE_CHILDREN`; `os.wait4` gives the total. Children
+are counted as parallel jobs; the stage process's own threads are not.
 
-It also times one alignment iteration at SWB-2000 model size (11.5k pdfs, 200k Gaussians;
-asrtrain.align.bench.time_align_iteration) in its own subprocess, and projects every data stage
-to 300 and 2,000 hours of speech on a machine of --cores C and --gpus G; the dominant stage is
-the one with the most projected hours. Writes bench/results/scale.json and scale.png. CPU time,
-not wall time, is the basis of the throughputs and projections: the wall times of a shared
-machine say more about the neighbours than about the code.
+The projection, for a reference node (--cores 64, --memory-gb 512, --gpus 8) running the jobs
+of the Switchboard recipes (nj 32, recipes/swb300), counts each part where it runs: per stage,
+CPU seconds of the stage process and of its jobs are each fitted as fixed + per hour (least
+squares over the sizes, not one size), and at 300 and 2,000 hours the process's part is taken
+as it is and the jobs' part is divided by min(cores, jobs). align is projected per GMM pass on
+the data Kaldi gives it (conf/align/swb.yaml, recipes/swb2000: mono on ~30k short utterances,
+tri1/tri2 on train_100k_nodup, ... PASS_HOURS) at the pass's model size, from one alignment
+iteration timed at SWB size (asrtrain.align.bench) and the align stage's measured parallel
+fraction. train_hybrid comes from bench/results/gpu.json (bench/gpu.py on a GPU: end-to-end
+frames/s per GPU) when it has a GPU row, else it is marked as having no GPU figure. Peak GB per
+process comes from the fitted growth of the peak RSS. Writes bench/results/scale.json and
+scale.png; wall times are recorded but the projection uses CPU time (a shared machine's wall
+times say more about the neighbours than about the code).
 """
 
 from __future__ import annotations
@@ -38,41 +46,79 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 MAKE_CORPUS = REPO / "data" / "tiny" / "make_tiny.py"
 
-STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "train_hybrid", "decode_hybrid"]
-# The stages projected to Switchboard: train_hybrid runs a toy model here (not a data stage).
-PROJECTED = ["prepare", "lm", "features", "mfcc", "align", "decode_hybrid"]
+STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "ivectors", "train_hybrid",
+          "decode_hybrid"]
+#: The stages that make the hybrid model's data (summed as ``data_stages_hours``).
+DATA_STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "ivectors"]
 QUICK_SIZES = [0.1, 0.25, 0.5]
-FULL_SIZES = [0.25, 1.0, 4.0]
+FULL_SIZES = [1.0, 4.0, 16.0]
 TEST_FRACTION = 0.2            # test speech per hour of training speech
 FRAME_S = 0.01
 
-# Small model, trainer and GMM settings (tests/test_e2e.py SMALL, ALIGN_SMALL, HYBRID_SMALL).
+# Small model, trainer and GMM settings (tests/test_e2e.py, tests/test_align_sat_stage.py): the
+# tiny recipe's stages and input (260 dims: fbank + fMLLR of tri4 + i-vectors), small sizes.
 SMALL = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.epochs=1",
          "trainer.batch_frames=4000", "trainer.log_every=5"]
-ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
-               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
+ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2",
+               "align.passes.mono.num_iters=4", "align.passes.mono.totgauss=300",
+               "align.passes.mono.realign_iters=[1,2,3]",
                "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
                "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]",
-               "~align.passes.tri3", "~align.passes.tri4", "features@hybrid.features=fbank40",
-               # the hybrid reads 40 log-mel here: no i-vectors to make
+               "align.passes.tri3.from=tri1",
+               "align.passes.tri3.num_leaves=80", "align.passes.tri3.num_gauss=400",
+               "+align.passes.tri3.num_iters=4", "+align.passes.tri3.realign_iters=[2]",
+               "+align.passes.tri3.mllt_iters=[1,2]",
+               "align.passes.tri4.num_leaves=80", "align.passes.tri4.num_gauss=400",
+               "+align.passes.tri4.num_iters=4", "+align.passes.tri4.realign_iters=[2]",
+               "+align.passes.tri4.fmllr_iters=[1,2]",
                "stages=[" + ",".join(STAGES) + "]"]
 HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
                 "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
                 "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
                 "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
 
-# Switchboard targets. SWB-2000 ~ 7.2e8 frames (issue 12); Hub5'00 ~ 3.8 h of audio, decoded
-# whatever the training set. A GMM recipe of Kaldi's s5c shape realigns the full set about 16
-# times at full model size (tri1..tri4, realign_iters 10 20 30 plus the initial alignment), and
-# accumulates statistics on fixed alignments in the other iterations (35 per pass).
+# Switchboard targets. Hub5'00 ~ 3.8 h of audio, decoded whatever the training set.
 TARGET_HOURS = {"swb300": 300.0, "swb2000": 2000.0}
 EVAL2000_HOURS = 3.8
+#: Hours of speech each GMM pass trains on (the subsets of conf/align/swb.yaml and
+#: recipes/swb2000). SWB-300, from s5c's run.sh comments: train_30kshort "about 12hr",
+#: train_100k_nodup "110hr", train_nodup "286hr". SWB-2000 (fisher_swbd/s5 gives no hours):
+#: train_10k_nodup 10k of the same 100k shortest Switchboard utterances (~1.4 s each: ~4 h),
+#: train_30k_nodup ~30k Switchboard utterances at its mean 4.3 s (~36 h, less duplicates: ~33 h),
+#: train_100k_nodup as s5c's (~110 h), train_nodup all 2,000 h.
+PASS_HOURS = {"swb300": {"mono": 12.0, "tri1": 110.0, "tri2": 110.0, "tri3": 286.0,
+                         "tri4": 286.0},
+              "swb2000": {"mono": 4.0, "tri1": 33.0, "tri2": 110.0, "tri3": 2000.0,
+                          "tri4": 2000.0}}
+#: The monophone pass's pdfs (3 states x the ms98 lexicon's ~46 phones): its Gaussians per pdf.
+MONO_PDFS = 138
 SWB2000_MODEL = {"num_pdfs": 11500, "gaussians": 200000, "dim": 40}
-REALIGNMENTS = 16
-ITERATIONS = 4 * 35
+REFERENCE = {"cores": 64, "memory_gb": 512, "gpus": 8}
 
 
 # ------------------------------------------------------------------------------ measuring
+#: Runs the CLI in this process and, at exit, writes its own and its children's rusage: the
+#: split between the stage process and its jobs (forked jobs exit with os._exit: no report).
+STAGE_RUNNER = r"""
+import atexit, json, os, resource, runpy, sys
+report, pid = sys.argv[1], os.getpid()
+
+def _report():
+    if os.getpid() != pid:
+        return
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    with open(report, "w") as f:
+        json.dump({"self_cpu_s": me.ru_utime + me.ru_stime,
+                   "children_cpu_s": kids.ru_utime + kids.ru_stime,
+                   "self_rss_mb": me.ru_maxrss / 1024, "children_rss_mb": kids.ru_maxrss / 1024},
+                  f)
+
+atexit.register(_report)
+sys.argv = ["asrtrain", *sys.argv[2:]]
+runpy.run_module("asrtrain.cli", run_name="__main__", alter_sys=True)
+"""
+
+
 def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> dict:
     """Run cmd; its wall time, CPU time and peak RSS (of it and the children it waited for)."""
     start = time.perf_counter()
@@ -97,6 +143,24 @@ def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None)
             "timed_out": timed_out}
 
 
+def measure_stage(args_cli: list[str], log: Path, timeout: float) -> dict:
+    """One stage under STAGE_RUNNER: total CPU (os.wait4), split into the stage process's own
+    and its jobs' (``parallel_fraction`` = jobs' share), peak RSS of the largest process."""
+    report = log.with_suffix(".rusage.json")
+    report.unlink(missing_ok=True)
+    m = measured([sys.executable, "-c", STAGE_RUNNER, str(report), *args_cli], log, timeout,
+                 env={"PYTHONUNBUFFERED": "1"})
+    if report.is_file():
+        own = json.loads(report.read_text())
+        m["self_cpu_s"] = min(own["self_cpu_s"], m["cpu_s"])
+        m["self_rss_mb"], m["children_rss_mb"] = own["self_rss_mb"], own["children_rss_mb"]
+    else:   # killed or died before its exit handlers: all of it counted as the process's own
+        m["self_cpu_s"], m["self_rss_mb"], m["children_rss_mb"] = m["cpu_s"], m["peak_rss_mb"], 0
+    m["children_cpu_s"] = max(m["cpu_s"] - m["self_cpu_s"], 0.0)
+    m["parallel_fraction"] = m["children_cpu_s"] / m["cpu_s"] if m["cpu_s"] > 0 else 0.0
+    return m
+
+
 def fail(what: str, log: Path) -> None:
     tail = log.read_text(errors="replace").splitlines()[-15:]
     raise SystemExit(f"bench/scale.py: {what} failed (log {log}):\n" + "\n".join(tail))
@@ -109,49 +173,18 @@ def make_corpus(hours: float, out: Path, args: argparse.Namespace) -> tuple[dict
            "--speakers", str(args.speakers), "--vocab", str(args.vocab),
            "--jobs", str(os.cpu_count() or 1)]
     log = out.parent / f"make_corpus_{hours:g}h.log"
-    m = measured(cmd, log, timeout=3600)
+    m = measured(cmd, log, timeout=6 * 3600)
     if m["returncode"]:
         fail(f"corpus generation ({hours:g} h)", log)
     return json.loads((out / "corpus.json").read_text()), m
 
 
-def recipe_overrides(exp: Path, corpus: Path, manifest: dict, nj: int) -> list[str]:
+def recipe_overrides(exp: Path, corpus: Path, manifest: dict, nj: int,
+                     extra: list[str] = ()) -> list[str]:
     dev = max(10, manifest["train"]["segments"] // 50)
     return [f"exp_dir={exp}", f"corpus.root={corpus}",
             f"corpus.expected_test_sides={manifest['test']['sides']}", f"corpus.dev_utts={dev}",
-            f"nj={nj}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL]
-
-
-def frames(data_dir: Path) -> int:
-    path = data_dir / "utt2num_frames"
-    return sum(int(line.split()[1]) for line in path.read_text().splitlines()) if path.exists() \
-        else 0
-
-
-def stage_work(stage: str, exp: Path) -> dict:
-    """What a stage processed: seconds of audio (feature and decode stages), frames (align)."""
-    data = exp / "data"
-    sets = [d for d in data.iterdir() if d.is_dir() and d.name != "local"] if data.exists() \
-        else []
-    if stage == "features":
-        return {"audio_s": FRAME_S * sum(frames(d) for d in sets if not d.name.endswith("_mfcc"))}
-    if stage == "mfcc":
-        return {"audio_s": FRAME_S * sum(frames(d) for d in sets if d.name.endswith("_mfcc"))}
-    if stage == "align":
-        return {"frames": sum(frames(d) for d in sets
-                              if d.name.endswith("_mfcc") and not d.name.startswith("eval"))}
-    if stage == "decode_hybrid":
-        return {"audio_s": FRAME_S * sum(frames(d) for d in sets if d.name == "eval2000")}
-    return {}
-
-
-def throughput(stage: str, m: dict) -> dict:
-    cpu = max(m["cpu_s"], 1e-9)
-    if "audio_s" in m:
-        return {"rt_per_core": m["audio_s"] / cpu}
-    if "frames" in m:
-        return {"frames_per_s_per_core": m["frames"] / cpu}
-    return {}
+            f"nj={nj}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL, *extra]
 
 
 def run_size(hours: float, work: Path, args: argparse.Namespace) -> dict:
@@ -161,27 +194,25 @@ def run_size(hours: float, work: Path, args: argparse.Namespace) -> dict:
     print(f"[{hours:g} h] corpus: {manifest['train']['speech_hours']:.3f} h train speech, "
           f"{manifest['test']['speech_hours']:.3f} h test, generated in {gen['wall_s']:.1f} s",
           file=sys.stderr, flush=True)
-    overrides = recipe_overrides(exp, corpus, manifest, args.nj)
+    overrides = recipe_overrides(exp, corpus, manifest, args.nj, args.override)
     stages = {}
     for stage in STAGES:
         log = work / f"stage_{hours:g}h_{stage}.log"
-        cmd = [sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", *overrides,
-               "--stage", stage, "--to", stage]
-        m = measured(cmd, log, timeout=args.stage_timeout, env={"PYTHONUNBUFFERED": "1"})
+        cli = ["run", "recipes/tiny", *overrides, "--stage", stage, "--to", stage]
+        m = measure_stage(cli, log, args.stage_timeout)
         hangs = 0
         while m.get("timed_out") and hangs < args.hang_retries:
             hangs += 1   # recorded: a stage that hung once is a finding, not noise
             print(f"[{hours:g} h] {stage} hung ({args.stage_timeout:.0f} s): run again",
                   file=sys.stderr, flush=True)
-            m = measured(cmd, log, timeout=args.stage_timeout, env={"PYTHONUNBUFFERED": "1"})
+            m = measure_stage(cli, log, args.stage_timeout)
         if m["returncode"]:
             fail(f"stage {stage} ({hours:g} h)", log)
         m["hung_before"] = hangs
-        m.update(stage_work(stage, exp))
-        m.update(throughput(stage, m))
         stages[stage] = m
         print(f"[{hours:g} h] {stage:13s} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
-              f"peak RSS {m['peak_rss_mb']:6.0f} MB", file=sys.stderr, flush=True)
+              f"parallel {m['parallel_fraction']:4.2f}  peak RSS {m['peak_rss_mb']:6.0f} MB",
+              file=sys.stderr, flush=True)
     return {"hours": manifest["train"]["speech_hours"], "requested_hours": hours,
             "test_hours": manifest["test"]["speech_hours"], "corpus": manifest,
             "generate": gen, "stages": stages}
@@ -195,47 +226,37 @@ print(json.dumps(time_align_iteration(**json.loads(sys.argv[1]))))
 """
 
 
-def time_align(args: argparse.Namespace, work: Path, device: str = "cpu") -> dict:
-    """One alignment iteration at SWB-2000 model size, in its own process (peak RSS its own)."""
+def time_align(args: argparse.Namespace, work: Path) -> dict:
+    """One alignment iteration at SWB-2000 model size, in its own process, on the CPU."""
     kwargs = {**SWB2000_MODEL, "frames": args.align_frames}
     if args.align_gaussians:
         kwargs["gaussians"] = args.align_gaussians
-    if device != "cpu":
-        kwargs["device"] = device
-    log = work / f"align_iteration_{device}.log"
-    cmd = [sys.executable, "-c", ALIGN_TIMER, json.dumps(kwargs)]
-    m = measured(cmd, log, timeout=args.stage_timeout)
+    log = work / "align_iteration.log"
+    m = measured([sys.executable, "-c", ALIGN_TIMER, json.dumps(kwargs)], log,
+                 timeout=args.stage_timeout)
     text = log.read_text(errors="replace")
     result = {"gaussians": kwargs["gaussians"], "num_pdfs": kwargs["num_pdfs"],
-              "dim": kwargs["dim"], "frames": kwargs["frames"], "wall_s": m["wall_s"],
-              "cpu_s": m["cpu_s"], "peak_rss_mb": m["peak_rss_mb"]}
+              "frames": kwargs["frames"], "wall_s": m["wall_s"], "cpu_s": m["cpu_s"]}
     if m["returncode"]:
-        last = text.strip().splitlines()[-1] if text.strip() else f"exit {m['returncode']}"
-        result.update(frames_per_s_per_core=None, error=last)
-        print(f"align iteration at {kwargs['gaussians']} Gaussians on {device}: not measured "
-              f"({last})", file=sys.stderr)
+        result["error"] = text.strip().splitlines()[-1] if text.strip() else "failed"
+        print(f"align iteration: not measured ({result['error']})", file=sys.stderr)
         return result
     timing = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
     result["timing"] = timing
-    result["frames_per_s_per_core"] = per_core_rate(timing, kwargs["frames"], m["cpu_s"])
-    result["frames_per_s_wall"] = timing.get("frames_per_s_wall")
-    print(f"align iteration at {kwargs['gaussians']} Gaussians on {device}: "
-          f"{result['frames_per_s_per_core']:.0f} frames/s per core, "
-          f"{result['frames_per_s_wall'] or 0:.0f} of the wall clock", file=sys.stderr)
     return result
 
 
-def has_cuda() -> bool:
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
-
-def per_core_rate(timing: dict, n_frames: int, cpu_s: float) -> float:
-    """frames/s per core as the timing function states it, else frames over its CPU time."""
-    for key in ("frames_per_s_per_core", "frames_per_second_per_core"):
-        if isinstance(timing.get(key), (int, float)):
-            return float(timing[key])
-    return n_frames / max(cpu_s, 1e-9)
+def align_costs(align: dict) -> dict | None:
+    """CPU seconds per frame of the timed iteration's parts: a realignment (likelihoods and
+    Viterbi) and an accumulation, split into what grows with the Gaussians per pdf and what
+    does not (Viterbi); None when the timing is missing."""
+    timing = align.get("timing")
+    if not timing:
+        return None
+    parts, n = timing["seconds"], timing["frames"]
+    return {"likelihoods": parts["likelihoods"] / n, "viterbi": parts["viterbi"] / n,
+            "accumulate": parts["accumulate"] / n,
+            "gauss_per_pdf": timing["gaussians"] / timing["num_pdfs"]}
 
 
 # ------------------------------------------------------------------------------ fitting
@@ -266,111 +287,187 @@ def linear(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+def size_of(stage: str, size: dict) -> float:
+    """The amount a stage's cost grows with: test hours for decode_hybrid, else training."""
+    return size["test_hours" if stage == "decode_hybrid" else "hours"]
+
+
 def growth(sizes: list[dict]) -> dict:
-    """Per stage: exponents of CPU time and peak RSS against size, the linear model of CPU time
-    and of peak RSS (fixed + per hour), and the throughput of the per-hour part."""
+    """Per stage, fitted over the sizes: CPU seconds of the stage process and of its jobs, and
+    the peak RSS of each, as fixed + per hour; the exponents of total CPU and peak RSS."""
     out = {}
     for stage in STAGES:
-        xs = [s["test_hours" if stage == "decode_hybrid" else "hours"] for s in sizes]
+        xs = [size_of(stage, s) for s in sizes]
         ms = [s["stages"][stage] for s in sizes]
-        cpu, rss = [m["cpu_s"] for m in ms], [m["peak_rss_mb"] for m in ms]
-        fixed, per_hour = linear(xs, cpu)
-        rss_fixed, rss_per_hour = linear(xs, rss)
-        fit = {"size": "test hours" if stage == "decode_hybrid" else "training hours",
-               "cpu_exponent": exponent(xs, cpu), "rss_exponent": exponent(xs, rss),
-               "cpu_fixed_s": fixed, "cpu_s_per_hour": per_hour,
-               "rss_fixed_mb": rss_fixed, "rss_mb_per_hour": rss_per_hour}
-        work = "audio_s" if "audio_s" in ms[-1] else "frames" if "frames" in ms[-1] else None
-        if work:
-            _f, per_unit = linear([m[work] for m in ms], cpu)
-            key = "marginal_rt_per_core" if work == "audio_s" else \
-                "marginal_frames_per_s_per_core"
-            fit[key] = 1.0 / per_unit if per_unit > 0 else None
+        fit: dict = {"size": "test hours" if stage == "decode_hybrid" else "training hours",
+                     "cpu_exponent": exponent(xs, [m["cpu_s"] for m in ms]),
+                     "rss_exponent": exponent(xs, [m["peak_rss_mb"] for m in ms])}
+        for part in ("self_cpu_s", "children_cpu_s", "self_rss_mb", "children_rss_mb"):
+            fixed, per_hour = linear(xs, [m[part] for m in ms])
+            fit[part] = {"fixed": fixed, "per_hour": per_hour}
         out[stage] = fit
     return out
 
 
+def at(part: dict, hours: float) -> float:
+    """A fitted part at ``hours`` (never below zero: a negative intercept is fitting noise)."""
+    return max(part["fixed"] + part["per_hour"] * hours, 0.0)
+
+
+def parallel_share(fit: dict) -> float:
+    """The share of a stage's growing CPU time that runs in its jobs (from the fitted slopes;
+    from the fixed parts when nothing grows)."""
+    own, jobs = fit["self_cpu_s"], fit["children_cpu_s"]
+    total = own["per_hour"] + jobs["per_hour"]
+    if total > 0:
+        return jobs["per_hour"] / total
+    total = max(own["fixed"], 0) + max(jobs["fixed"], 0)
+    return max(jobs["fixed"], 0) / total if total > 0 else 0.0
+
+
 # ------------------------------------------------------------------------------ projection
-def accumulate_share(align: dict) -> float:
-    """The accumulation's part of one alignment iteration's time (0 when not broken down)."""
-    parts = (align.get("timing") or {}).get("seconds") or {}
-    total = sum(v for v in parts.values() if isinstance(v, (int, float)))
-    return parts.get("accumulate", 0.0) / total if total else 0.0
+def stage_seconds(fit: dict, hours: float, cores: int, jobs: int) -> float:
+    """The rule: the stage process's part as it is, the jobs' part over min(cores, jobs)."""
+    return at(fit["self_cpu_s"], hours) + at(fit["children_cpu_s"], hours) / min(cores, jobs)
 
 
-def project(fit: dict, align: dict, align_gpu: dict | None, cores: int, gpus: int) -> dict:
-    """Hours of each data stage at SWB-300 and SWB-2000 on `cores` cores (and `gpus` GPUs).
+def pass_plan(recipe: str) -> list[dict]:
+    """The recipe's GMM passes: name, data rules, Gaussians per pdf, realignments (the pass's
+    realign_iters, plus one when its data differ from its from pass's: align_si.sh) and
+    iterations (each accumulates statistics), from conf/align/swb.yaml and the recipe."""
+    from omegaconf import OmegaConf
 
-    Each stage costs its fitted fixed part plus its per-hour part; data-parallel stages
-    (features, mfcc, align, decode: nj jobs) divide the per-hour part by the cores, prepare and
-    lm run in one process. align, when the SWB-2000-size iteration was measured, is
-    REALIGNMENTS full alignment iterations plus the other ITERATIONS as accumulations only, at
-    that rate (the cores' CPU rate plus, with --gpus, each GPU's wall-clock rate), every pass
-    on the full set at full model size: an upper bound, as Kaldi trains its first passes on
-    subsets with fewer Gaussians. decode_hybrid decodes Hub5'00
-    (EVAL2000_HOURS) whatever the training set, on a graph of the tiny vocabulary."""
-    out = {}
-    rate = (align.get("frames_per_s_per_core") or 0) * cores
-    gpu_rate = (align_gpu or {}).get("frames_per_s_wall") or 0
-    rate += gpu_rate * gpus
+    from asrtrain.align.train import TRI_DEFAULTS, GmmConfig
+    from asrtrain.recipe import compose_recipe
+
+    cfg = compose_recipe(REPO / "recipes" / recipe)
+    passes = OmegaConf.to_container(cfg.align.passes, resolve=True)
+    plan = []
+    for name, opts in passes.items():
+        gmm = {k: v for k, v in opts.items() if k not in ("from", "data")}
+        mono = opts.get("from") is None
+        c = GmmConfig.from_config(gmm) if mono else GmmConfig.from_config(gmm, **TRI_DEFAULTS)
+        moved = not mono and opts.get("data") != passes[opts["from"]].get("data")
+        plan.append({"pass": name, "data": opts.get("data"),
+                     "gauss_per_pdf": c.totgauss / MONO_PDFS if mono
+                     else c.num_gauss / c.num_leaves,
+                     "realignments": len(c.realign_iters) + int(moved),
+                     "iterations": c.num_iters})
+    return plan
+
+
+def align_seconds(plan: list[dict], pass_hours: dict, costs: dict, share: float, cores: int,
+                  jobs: int) -> tuple[float, dict]:
+    """align's projected seconds: per pass, its frames (``pass_hours``) times its realignments'
+    and accumulations' cost per frame at its Gaussians per pdf (likelihoods and accumulation
+    scale with them, Viterbi does not); the align stage's ``share`` of it in jobs."""
+    cpu, per_pass = 0.0, {}
+    for p in plan:
+        frames = pass_hours[p["pass"]] * 3600 / FRAME_S
+        scale = p["gauss_per_pdf"] / costs["gauss_per_pdf"]
+        per_frame = p["realignments"] * (costs["likelihoods"] * scale + costs["viterbi"]) + \
+            p["iterations"] * costs["accumulate"] * scale
+        per_pass[p["pass"]] = {"hours_of_speech": pass_hours[p["pass"]], "cpu_h":
+                               round(frames * per_frame / 3600, 3), **p}
+        cpu += frames * per_frame
+    return cpu * (1 - share) + cpu * share / min(cores, jobs), per_pass
+
+
+def gpu_rate(gpu_json: Path) -> dict | None:
+    """The GPU row of bench/gpu.py's results to project train_hybrid with: IBM's 128 chunks in
+    fp32 when there is one, else the fastest GPU row; None without a GPU row."""
+    if not gpu_json.is_file():
+        return None
+    rows = [r for r in json.loads(gpu_json.read_text()).get("rows", [])
+            if str(r.get("device", "")).startswith("cuda") and r.get("end_to_end_fps")]
+    if not rows:
+        return None
+    ibm = [r for r in rows if r.get("chunks") == 128 and r.get("precision") == "fp32"]
+    return (ibm or sorted(rows, key=lambda r: -r["end_to_end_fps"]))[0]
+
+
+def recipe_setting(recipe: str, key: str) -> int:
+    """A top-level integer of recipes/<recipe>/recipe.yaml (nj, trainer.epochs)."""
+    import yaml
+
+    value = yaml.safe_load((REPO / "recipes" / recipe / "recipe.yaml").read_text())
+    for part in key.split("."):
+        value = value[part]
+    return int(value)
+
+
+def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
+            plans: dict[str, list[dict]] | None = None) -> dict:
+    """Hours of each stage and peak GB per process at SWB-300 and SWB-2000 on the reference
+    node (see the module docstring for the rule)."""
+    out: dict = {"reference": {**ref, "jobs": jobs}}
+    costs = align_costs(align)
     for name, hours in TARGET_HOURS.items():
-        stage_hours, basis = {}, {}
-        for stage in PROJECTED:
+        stage_hours, peak_gb, basis = {}, {}, {}
+        for stage in STAGES:
             amount = EVAL2000_HOURS if stage == "decode_hybrid" else hours
-            parallel = cores if stage in ("features", "mfcc", "align", "decode_hybrid") else 1
             f = fit[stage]
-            seconds = max(f["cpu_fixed_s"], 0.0) + f["cpu_s_per_hour"] * amount / parallel
-            stage_hours[stage] = seconds / 3600
-            basis[stage] = (f"{f['cpu_fixed_s']:.1f} CPU s + {f['cpu_s_per_hour']:.1f} CPU s "
-                            f"per hour of speech{' / cores' if parallel > 1 else ''} (fitted)")
-        if rate:
-            n_frames = hours * 3600 / FRAME_S
-            accumulate = accumulate_share(align)
-            passes = REALIGNMENTS + (ITERATIONS - REALIGNMENTS) * accumulate
-            stage_hours["align"] = passes * n_frames / rate / 3600
-            basis["align"] = (f"{REALIGNMENTS} alignment iterations + "
-                              f"{ITERATIONS - REALIGNMENTS} accumulations on fixed alignments "
-                              f"({accumulate:.2f} of an iteration each) over {n_frames:.2e} "
-                              f"frames at {rate:.0f} frames/s ({align['gaussians']} Gaussians; "
-                              f"{align.get('frames_per_s_per_core') or 0:.0f} per core"
-                              + (f", {gpu_rate:.0f} per GPU" if gpus and gpu_rate else "") + ")")
-        dominant = max(stage_hours, key=stage_hours.get)
-        out[name] = {"speech_hours": hours, "cores": cores, "gpus": gpus,
-                     "stage_hours": {k: round(v, 3) for k, v in stage_hours.items()},
-                     "total_hours": round(sum(stage_hours.values()), 3),
-                     "dominant_stage": dominant, "basis": basis}
-    if gpus and not gpu_rate:
-        out["note"] = "no GPU rate was measured (no GPU here): the projection uses the cores"
+            stage_hours[stage] = stage_seconds(f, amount, ref["cores"], jobs) / 3600
+            peak_gb[stage] = round(max(at(f["self_rss_mb"], amount),
+                                       at(f["children_rss_mb"], amount)) / 1024, 2)
+            share = parallel_share(f)
+            basis[stage] = (f"fitted: {share:.2f} of the growing CPU time in jobs "
+                            f"(/ min({ref['cores']}, {jobs})), the rest in one process")
+        plan = (plans or {}).get(name)
+        if costs and plan:
+            share = parallel_share(fit["align"])
+            seconds, per_pass = align_seconds(plan, PASS_HOURS[name], costs, share,
+                                              ref["cores"], jobs)
+            stage_hours["align"] = seconds / 3600
+            basis["align"] = {"rule": f"per pass on its data (PASS_HOURS) at its Gaussians per "
+                              f"pdf, from one SWB-size iteration; {share:.2f} in jobs",
+                              "passes": per_pass}
+        if gpu:
+            frames = hours * 3600 / FRAME_S * recipe_setting(name, "trainer.epochs")
+            stage_hours["train_hybrid"] = frames / (gpu["end_to_end_fps"] * ref["gpus"]) / 3600
+            basis["train_hybrid"] = (f"gpu.json: {gpu['end_to_end_fps']:.0f} frames/s per GPU "
+                                     f"({gpu['device']}, {gpu['chunks']} chunks, "
+                                     f"{gpu['precision']}) x {ref['gpus']} GPUs, epochs of "
+                                     f"recipes/{name}")
+        else:
+            stage_hours["train_hybrid"] = None
+            basis["train_hybrid"] = "no GPU figure: bench/results/gpu.json has no GPU row"
+        data_hours = sum(stage_hours[s] for s in DATA_STAGES)
+        out[name] = {"speech_hours": hours,
+                     "stage_hours": {k: None if v is None else round(v, 3)
+                                     for k, v in stage_hours.items()},
+                     "peak_process_gb": peak_gb,
+                     "fits_node_memory": max(peak_gb.values()) <= ref["memory_gb"],
+                     "data_stages_hours": round(data_hours, 3),
+                     "dominant_data_stage": max(DATA_STAGES, key=lambda s: stage_hours[s]),
+                     "basis": basis}
     return out
 
 
 # ------------------------------------------------------------------------------ report
-def fmt(rate: float | None, unit: str) -> str:
-    return "no growth" if rate is None else f"{rate:.0f}{unit}"
+def per_stage(sizes: list[dict]) -> dict:
+    """``stages.NAME.{cpu_s, wall_s, peak_rss_mb, parallel_fraction}``: a list over the sizes."""
+    keys = ("cpu_s", "wall_s", "peak_rss_mb", "parallel_fraction")
+    return {stage: {k: [round(s["stages"][stage][k], 3) for s in sizes] for k in keys}
+            for stage in STAGES}
 
 
-def table(sizes: list[dict], fit: dict) -> str:
-    lines = ["| stage | " + " | ".join(f"{s['hours']:.2f} h: wall s / CPU s / peak MB"
-                                        for s in sizes)
-             + " | throughput: per added hour (at the largest, start-up included) "
-             "| CPU exponent | RSS exponent |",
+def table(result: dict) -> str:
+    sizes = result["hours"]
+    lines = ["| stage | " + " | ".join(f"{h:.2f} h: CPU s / wall s / peak MB / in jobs"
+                                        for h in sizes)
+             + " | SWB-300 h | SWB-2000 h | peak GB (2000 h) |",
              "|---|" + "---|" * (len(sizes) + 3)]
+    p3, p20 = result["projection"]["swb300"], result["projection"]["swb2000"]
     for stage in STAGES:
-        cells = [f"{s['stages'][stage]['wall_s']:.1f} / {s['stages'][stage]['cpu_s']:.1f} / "
-                 f"{s['stages'][stage]['peak_rss_mb']:.0f}" for s in sizes]
-        last, f = sizes[-1]["stages"][stage], fit[stage]
-        if "rt_per_core" in last:
-            tp = (f"{fmt(f['marginal_rt_per_core'], 'x')} ({last['rt_per_core']:.0f}x) "
-                  "real time per core")
-        elif "frames_per_s_per_core" in last:
-            tp = (f"{fmt(f['marginal_frames_per_s_per_core'], '')} "
-                  f"({last['frames_per_s_per_core']:.0f}) frames/s per core")
-        else:
-            tp = ""
-        ex = fit[stage]["cpu_exponent"]
-        rx = fit[stage]["rss_exponent"]
-        lines.append(f"| {stage} | " + " | ".join(cells) + f" | {tp} | "
-                     f"{'' if ex is None else f'{ex:.2f}'} | {'' if rx is None else f'{rx:.2f}'} |")
+        m = result["stages"][stage]
+        cells = [f"{m['cpu_s'][i]:.1f} / {m['wall_s'][i]:.1f} / {m['peak_rss_mb'][i]:.0f} / "
+                 f"{m['parallel_fraction'][i]:.2f}" for i in range(len(sizes))]
+        h3, h20 = p3["stage_hours"][stage], p20["stage_hours"][stage]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " | "
+                     + ("no GPU figure" if h3 is None else f"{h3:.2f}") + " | "
+                     + ("no GPU figure" if h20 is None else f"{h20:.2f}") + " | "
+                     + f"{p20['peak_process_gb'][stage]:.1f} |")
     return "\n".join(lines)
 
 
@@ -382,60 +479,57 @@ def plot(result: dict, path: Path) -> None:
     except ImportError:
         print("matplotlib is not installed: JSON only", file=sys.stderr)
         return
-    sizes = result["sizes"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     for stage in STAGES:
-        xs = [s["test_hours"] if stage == "decode_hybrid" else s["hours"] for s in sizes]
-        ax1.loglog(xs, [s["stages"][stage]["cpu_s"] for s in sizes], "o-", label=stage)
+        xs = [size_of(stage, s) for s in result["sizes"]]
+        ax1.loglog(xs, result["stages"][stage]["cpu_s"], "o-", label=stage)
     ax1.set_xlabel("hours of speech (decode_hybrid: test hours)")
-    ax1.set_ylabel("CPU seconds")
-    ax1.set_title("cost of each stage against corpus size")
+    ax1.set_ylabel("CPU seconds (stage process + jobs)")
+    ax1.set_title("measured: cost of each stage against corpus size")
     ax1.legend(fontsize=7)
-    proj = result["projection"]["swb2000"]
-    names = list(proj["stage_hours"])
-    ax2.barh(names, [proj["stage_hours"][n] for n in names])
+    ref = result["projection"]["reference"]
+    names = [s for s in STAGES if result["projection"]["swb2000"]["stage_hours"][s] is not None]
+    for k, target in enumerate(("swb300", "swb2000")):
+        hours = result["projection"][target]["stage_hours"]
+        ax2.barh([y + 0.4 * k for y in range(len(names))], [hours[n] for n in names],
+                 height=0.4, label=target)
+    ax2.set_yticks([y + 0.2 for y in range(len(names))], names)
     ax2.set_xscale("log")
-    ax2.set_xlabel(f"hours on {proj['cores']} cores")
-    ax2.set_title(f"SWB-2000 projection (dominant: {proj['dominant_stage']})")
+    ax2.set_xlabel(f"projected hours on {ref['cores']} cores, {ref['gpus']} GPUs "
+                   f"({ref['jobs']} jobs)")
+    ax2.set_title("projection to SWB-300 and SWB-2000")
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
 
 
-def summary(result: dict) -> dict:
-    """The headline figures (the keys other tools read): throughput of the part of the cost
-    that grows with the data (start-up excluded), else of the largest size as measured."""
-    last, fit = result["sizes"][-1]["stages"], result["growth"]
-
-    def rate(stage: str, key: str) -> dict:
-        measured_rate = last[stage][key]
-        marginal_rate = fit[stage].get(f"marginal_{key}")
-        return {key: marginal_rate or measured_rate,
-                f"{key}_with_startup": measured_rate}
-
-    return {"features": rate("features", "rt_per_core"), "mfcc": rate("mfcc", "rt_per_core"),
-            "decode_hybrid": rate("decode_hybrid", "rt_per_core"),
-            "align": {**result["align_iteration"],
-                      "stage": rate("align", "frames_per_s_per_core")}}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} h (<= 10 min)")
+    ap.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} h")
     ap.add_argument("--sizes", type=float, nargs="+", help=f"hours (default {FULL_SIZES})")
-    ap.add_argument("--cores", type=int, default=16, help="cores of the projected machine")
-    ap.add_argument("--gpus", type=int, default=0, help="GPUs of the projected machine")
-    ap.add_argument("--nj", type=int, default=os.cpu_count() or 1, help="jobs of the stages")
+    ap.add_argument("--cores", type=int, default=REFERENCE["cores"],
+                    help="cores of the reference node")
+    ap.add_argument("--memory-gb", type=float, default=REFERENCE["memory_gb"])
+    ap.add_argument("--gpus", type=int, default=REFERENCE["gpus"])
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="jobs of the projected run (default: nj of recipes/swb300)")
+    ap.add_argument("--nj", type=int, default=2, help="jobs of the measured stages")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a recipe override for every stage (e.g. ivector.ubm.num_gauss=16 for "
+                         "corpora of minutes); repeatable")
     ap.add_argument("--speakers", type=int, default=40)
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--align-frames", type=int, default=20000,
                     help="frames of the SWB-2000-size alignment iteration")
     ap.add_argument("--align-gaussians", type=int, default=None,
                     help=f"Gaussians of that iteration (default {SWB2000_MODEL['gaussians']})")
+    ap.add_argument("--gpu-json", type=Path, default=RESULTS / "gpu.json",
+                    help="bench/gpu.py's results, for train_hybrid's GPU figure")
     ap.add_argument("--stage-timeout", type=float, default=None,
-                    help="seconds before a stage counts as hung (default 600 with --quick, "
-                         "else 3600)")
+                    help="seconds before a stage counts as hung (default 900 with --quick, "
+                         "else 4 h)")
     ap.add_argument("--hang-retries", type=int, default=1,
                     help="runs again of a stage that hung (counted in the JSON: hung_before)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where scale.json/png go")
@@ -444,7 +538,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.sizes = sorted(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES))
     if args.stage_timeout is None:
-        args.stage_timeout = 600 if args.quick else 3600
+        args.stage_timeout = 900 if args.quick else 4 * 3600
     if len(args.sizes) < 2 or args.sizes[0] <= 0:
         ap.error("--sizes: at least two positive sizes (the growth is fitted over them)")
     return args
@@ -461,26 +555,29 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sizes = [run_size(h, args.work, args) for h in args.sizes]
         align = time_align(args, args.work)
-        align_gpu = time_align(args, args.work, "cuda") if args.gpus and has_cuda() else None
     finally:
         if tmp is not None:
             tmp.cleanup()
     fit = growth(sizes)
+    ref = {"cores": args.cores, "memory_gb": args.memory_gb, "gpus": args.gpus}
+    jobs = args.jobs or recipe_setting("swb300", "nj")
     result = {"machine": {"cpus": os.cpu_count(), "nj": args.nj,
                           "load_avg_1m": os.getloadavg()[0]},
-              "sizes": sizes, "align_iteration": align, "align_iteration_gpu": align_gpu,
-              "growth": fit}
-    result["projection"] = project(fit, align, align_gpu, args.cores, args.gpus)
-    result.update(summary(result))
+              "hours": [s["hours"] for s in sizes], "stages": per_stage(sizes),
+              "sizes": sizes, "align_iteration": align, "growth": fit}
+    result["projection"] = project(fit, align, gpu_rate(args.gpu_json), ref, jobs,
+                                   {name: pass_plan(name) for name in TARGET_HOURS})
     result["wall_s"] = time.perf_counter() - started
     args.results.mkdir(parents=True, exist_ok=True)
     write_text(args.results / "scale.json", json.dumps(result, indent=2) + "\n")
     plot(result, args.results / "scale.png")
-    print(table(sizes, fit))
+    print(table(result))
     for name in TARGET_HOURS:
         p = result["projection"][name]
-        print(f"{name}: " + ", ".join(f"{k} {v:.2f} h" for k, v in p["stage_hours"].items())
-              + f" on {p['cores']} cores; dominant: {p['dominant_stage']}")
+        print(f"{name}: data stages {p['data_stages_hours']:.2f} h on {args.cores} cores "
+              f"(dominant: {p['dominant_data_stage']}); train_hybrid "
+              + ("no GPU figure" if p["stage_hours"]["train_hybrid"] is None
+                 else f"{p['stage_hours']['train_hybrid']:.2f} h on {args.gpus} GPUs"))
     print(f"wrote {args.results / 'scale.json'} and scale.png in {result['wall_s']:.0f} s")
 
 

@@ -1,6 +1,9 @@
-"""bench/scale.py: a real run at two tiny sizes (generated corpora, every data stage through the
-CLI, the alignment timing at a reduced model size) writes scale.json of the documented shape and
-scale.png; the growth fits recover known laws."""
+"""bench/scale.py: a real run at two tiny sizes (generated corpora, every stage of the hybrid
+recipe through the CLI with nj=2, the alignment timing at a reduced model size) writes scale.json
+of the documented shape and scale.png; the projection follows its rule (a stage process's part
+is not divided by cores, the jobs' part is divided by min(cores, jobs); align per pass on its
+subset; train_hybrid from a GPU row or marked as having none); the growth fits recover known
+laws. No wall-clock assertions."""
 
 from __future__ import annotations
 
@@ -17,48 +20,128 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import scale  # noqa: E402  (bench/scale.py)
 
+REF = {"cores": 64, "memory_gb": 512, "gpus": 8}
+
 
 @pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("sox")),
                     reason="the scale corpus needs Debian espeak-ng and sox")
 def test_scale_bench_at_two_tiny_sizes_writes_json_and_png(tmp_path: Path) -> None:
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "bench/scale.py", "--sizes", "0.015", "0.03", "--speakers", "3",
+        [sys.executable, "bench/scale.py", "--sizes", "0.03", "0.06", "--speakers", "4",
          "--vocab", "400", "--nj", "2", "--align-frames", "2000", "--align-gaussians", "20000",
-         "--cores", "8", "--results", str(results), "--work", str(tmp_path / "work")],
-        cwd=REPO, capture_output=True, text=True, timeout=1200)
+         "--override", "ivector.ubm.num_gauss=8", "--gpu-json", str(tmp_path / "none.json"),
+         "--results", str(results), "--work", str(tmp_path / "work")],
+        cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((results / "scale.json").read_text())
-    assert data["features"]["rt_per_core"] > 0
-    assert data["mfcc"]["rt_per_core"] > 0 and data["decode_hybrid"]["rt_per_core"] > 0
-    assert data["align"]["gaussians"] == 20000 and data["align"]["frames_per_s_per_core"] > 0
-    assert [s["requested_hours"] for s in data["sizes"]] == [0.015, 0.03]
-    for size in data["sizes"]:
-        assert size["hours"] > 0 and size["test_hours"] > 0
-        assert set(size["stages"]) == set(scale.STAGES)
-        for m in size["stages"].values():
-            assert m["returncode"] == 0 and m["wall_s"] > 0 and m["peak_rss_mb"] > 10
-        assert size["stages"]["align"]["frames"] > 0
+    assert len(data["hours"]) == 2 and data["hours"][0] < data["hours"][1]
+    assert set(data["stages"]) == set(scale.STAGES)
+    for stage, m in data["stages"].items():
+        assert set(m) == {"cpu_s", "wall_s", "peak_rss_mb", "parallel_fraction"}
+        for key in m:
+            assert len(m[key]) == 2, (stage, key)
+        assert all(c > 0 for c in m["cpu_s"]) and all(w > 0 for w in m["wall_s"])
+        assert all(r > 10 for r in m["peak_rss_mb"])
+        assert all(0 <= f <= 1 for f in m["parallel_fraction"])
+    # align's iterations run in the nj jobs: most of its CPU time is the jobs'
+    assert min(data["stages"]["align"]["parallel_fraction"]) > 0.3
     for name in ("swb300", "swb2000"):
         proj = data["projection"][name]
-        assert set(proj["stage_hours"]) == set(scale.PROJECTED)
-        assert all(h >= 0 for h in proj["stage_hours"].values())
-        assert proj["dominant_stage"] == max(proj["stage_hours"], key=proj["stage_hours"].get)
-        assert proj["cores"] == 8
-    # 2,000 h cost more than 300 h in every stage that grows with the training set
+        assert set(proj) >= {"stage_hours", "peak_process_gb", "data_stages_hours"}
+        assert set(proj["stage_hours"]) == set(proj["peak_process_gb"]) == set(scale.STAGES)
+        assert proj["stage_hours"]["train_hybrid"] is None          # no GPU row given
+        assert "no GPU figure" in proj["basis"]["train_hybrid"]
+        assert proj["data_stages_hours"] == pytest.approx(
+            sum(proj["stage_hours"][s] for s in scale.DATA_STAGES), abs=0.01)
+        assert set(proj["basis"]["align"]["passes"]) == set(scale.PASS_HOURS[name])
     assert data["projection"]["swb2000"]["stage_hours"]["align"] > \
         data["projection"]["swb300"]["stage_hours"]["align"]
     assert (results / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| features |" in proc.stdout and "dominant:" in proc.stdout
+    assert "| align |" in proc.stdout and "no GPU figure" in proc.stdout
+
+
+def fitted(own: float, jobs: float, rss_mb: float = 100.0) -> dict:
+    """A stage's fit: ``own`` and ``jobs`` CPU seconds per hour, nothing fixed."""
+    return {"self_cpu_s": {"fixed": 0.0, "per_hour": own},
+            "children_cpu_s": {"fixed": 0.0, "per_hour": jobs},
+            "self_rss_mb": {"fixed": rss_mb, "per_hour": 1.0},
+            "children_rss_mb": {"fixed": 50.0, "per_hour": 0.5}}
+
+
+def test_projection_divides_only_the_jobs_part() -> None:
+    hours = 300.0
+    serial = fitted(36.0, 0.0)                 # parallel fraction 0
+    assert scale.stage_seconds(serial, hours, 64, 32) == pytest.approx(36.0 * hours)
+    parallel = fitted(0.0, 36.0)
+    assert scale.stage_seconds(parallel, hours, 64, 32) == pytest.approx(36.0 * hours / 32)
+    assert scale.stage_seconds(parallel, hours, 8, 32) == pytest.approx(36.0 * hours / 8)
+    half = fitted(18.0, 18.0)
+    assert scale.stage_seconds(half, hours, 64, 32) == pytest.approx(18.0 * hours * (1 + 1 / 32))
+    assert scale.parallel_share(half) == pytest.approx(0.5)
+
+    fit = {s: fitted(0.0, 0.0) for s in scale.STAGES}
+    fit["lm"], fit["features"] = serial, parallel
+    proj = scale.project(fit, {}, None, REF, 32)
+    assert proj["swb300"]["stage_hours"]["lm"] == pytest.approx(36.0 * 300 / 3600, abs=1e-3)
+    assert proj["swb300"]["stage_hours"]["features"] == pytest.approx(
+        36.0 * 300 / 32 / 3600, abs=1e-3)
+    assert proj["swb2000"]["stage_hours"]["lm"] == pytest.approx(36.0 * 2000 / 3600, abs=1e-3)
+    # peak GB per process from the fitted slope: the larger of the process and its jobs
+    assert proj["swb2000"]["peak_process_gb"]["lm"] == pytest.approx((100 + 2000) / 1024,
+                                                                     abs=0.01)
+    assert proj["swb300"]["stage_hours"]["train_hybrid"] is None
+
+
+def test_align_is_projected_per_pass_on_its_subset() -> None:
+    costs = {"likelihoods": 1e-4, "viterbi": 5e-5, "accumulate": 2e-5, "gauss_per_pdf": 10.0}
+    plan = [{"pass": "mono", "gauss_per_pdf": 10.0, "realignments": 2, "iterations": 4},
+            {"pass": "tri1", "gauss_per_pdf": 20.0, "realignments": 1, "iterations": 3}]
+    hours = {"mono": 10.0, "tri1": 100.0}
+    seconds, per_pass = scale.align_seconds(plan, hours, costs, 0.0, 64, 32)
+    mono = 10 * 360000 * (2 * (1e-4 + 5e-5) + 4 * 2e-5)
+    tri1 = 100 * 360000 * (1 * (2e-4 + 5e-5) + 3 * 4e-5)
+    assert seconds == pytest.approx(mono + tri1)
+    assert per_pass["mono"]["cpu_h"] == pytest.approx(mono / 3600, abs=1e-3)
+    # the mono subset at twice the hours costs mono twice, nothing else
+    seconds2, _ = scale.align_seconds(plan, {**hours, "mono": 20.0}, costs, 0.0, 64, 32)
+    assert seconds2 == pytest.approx(2 * mono + tri1)
+    # all in jobs: divided by min(cores, jobs)
+    assert scale.align_seconds(plan, hours, costs, 1.0, 64, 32)[0] == \
+        pytest.approx((mono + tri1) / 32)
+    # the recipes' plans: their passes, s5c's subsets (mono realigned often, on ~12 h)
+    plans = {name: scale.pass_plan(name) for name in scale.TARGET_HOURS}
+    for name, p in plans.items():
+        assert [x["pass"] for x in p] == list(scale.PASS_HOURS[name])
+    assert plans["swb300"][0]["data"] == [{"shortest": 100000}, {"evenly": 30000}]
+    # tri1 trains on other data than mono: one alignment more (align_si.sh)
+    assert plans["swb300"][1]["realignments"] == 3 + 1
+
+
+def test_train_hybrid_from_a_gpu_row(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"rows": [
+        {"device": "cpu", "chunks": 128, "precision": "fp32", "end_to_end_fps": 5000.0},
+        {"device": "cuda:0", "chunks": 2048, "precision": "bf16", "end_to_end_fps": 600000.0},
+        {"device": "cuda:0", "chunks": 128, "precision": "fp32", "end_to_end_fps": 80000.0}]}))
+    row = scale.gpu_rate(gpu)
+    assert row["chunks"] == 128 and row["precision"] == "fp32"
+    fit = {s: fitted(0.0, 0.0) for s in scale.STAGES}
+    proj = scale.project(fit, {}, row, REF, 32)
+    epochs = scale.recipe_setting("swb300", "trainer.epochs")
+    assert proj["swb300"]["stage_hours"]["train_hybrid"] == pytest.approx(
+        300 * 360000 * epochs / (80000 * 8) / 3600, abs=1e-3)
+    gpu.write_text(json.dumps({"rows": [{"device": "cpu", "end_to_end_fps": 5000.0}]}))
+    assert scale.gpu_rate(gpu) is None
 
 
 def test_growth_fits_recover_known_laws() -> None:
     assert scale.exponent([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)
     assert scale.exponent([1, 2, 4], [5, 5, 5]) == pytest.approx(0.0)
     assert scale.exponent([1.0, 1.1], [1, 9]) is None      # sizes too close to fit
-    fixed, per_hour = scale.linear([0.1, 0.25, 0.5], [7 + 40 * h for h in (0.1, 0.25, 0.5)])
+    fixed, per_hour = scale.linear([1, 4, 16], [7 + 40 * h for h in (1, 4, 16)])
     assert (fixed, per_hour) == (pytest.approx(7.0), pytest.approx(40.0))
-    assert scale.linear([0.1, 0.2], [9.0, 8.0])[1] == 0.0  # cost that does not grow: no slope
+    assert scale.linear([1, 2], [9.0, 8.0])[1] == 0.0  # cost that does not grow: no slope
 
 
 def test_one_size_is_refused() -> None:
