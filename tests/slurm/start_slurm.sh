@@ -15,10 +15,16 @@ LOGDIR=/var/log/slurm
 die() { echo "start_slurm.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it installs packages and starts daemons)"
 
+stop() {   # the daemon of pid file $1, waiting (10 s at most) until it is gone
+  local pid
+  [ -s "$1" ] || return 0
+  pid=$(cat "$1")
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+  echo "start_slurm.sh: pid $pid ($1) still running after 10 s" >&2
+}
 if [ "${STOP:-0}" = 1 ]; then
-  for pidfile in /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid; do
-    [ -s "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
-  done
+  for pidfile in /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid; do stop "$pidfile"; done
   exit 0
 fi
 
@@ -53,7 +59,7 @@ NEW=$(mktemp)
 cat >"$NEW" <<EOF
 # Written by asrtrain's tests/slurm/start_slurm.sh: a one-node cluster on $HOST.
 ClusterName=asrtrain
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -91,10 +97,7 @@ rm -f "$NEW"
 running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if [ "$changed" = 1 ]; then   # a new config: start both daemons afresh
   for pidfile in /run/slurmd.pid /run/slurmctld.pid; do
-    if running "$pidfile"; then
-      pid=$(cat "$pidfile"); kill "$pid"
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    fi
+    if running "$pidfile"; then stop "$pidfile"; fi
   done
 fi
 if ! running /run/slurmctld.pid; then
