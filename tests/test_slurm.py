@@ -148,6 +148,19 @@ def test_ctrl_c_cancels_the_jobs(slurm_cluster, importable_tests, tmp_path):
     assert not _queued("asrtrain-sleepers")
 
 
+@pytest.mark.parametrize("recipe", ["tiny", "swb300", "swb2000"])
+def test_where_jobs_run_is_in_no_stage_digest(recipe):
+    from asrtrain.pipeline import Pipeline
+    from asrtrain.recipe import compose_recipe
+    from asrtrain.stages import STAGES
+
+    plain = Pipeline(compose_recipe(REPO / "recipes" / recipe), STAGES).digests
+    moved = Pipeline(compose_recipe(REPO / "recipes" / recipe, [
+        *SLURM, "threads=4", "slurm.mem_gb=16", "slurm.timeout_min=10", "slurm.cpus_per_task=8",
+        "+slurm.additional_parameters.account=x", "slurm.folder=/tmp/x"]), STAGES).digests
+    assert moved == plain and len(plain) > 5
+
+
 # ------------------------------------------------------------------------ the tiny recipe
 def asrtrain(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
