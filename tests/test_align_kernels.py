@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from asrtrain.align.bench import random_alignment, random_gmm, random_tree
@@ -18,6 +19,7 @@ from asrtrain.align.model import (
     frame_contexts,
     transition_counts,
 )
+from asrtrain.align.tree import KEY_PDF_CLASS, Tree
 
 
 def _gmm() -> DiagGmmSet:
@@ -89,6 +91,16 @@ def test_tree_lookup_table_equals_walking_the_tree() -> None:
         want = [tree.pdf(*map(int, row)) for row in ctx]
         np.testing.assert_array_equal(tree.pdfs(ctx), want)
     assert len(tree.pdfs(np.zeros((0, 4), dtype=np.int64))) == 0
+    # a root shared by three phones that asks the central phone, a left phone past every
+    # question's values, and a phone of no root (a KeyError either way)
+    shared = Tree([("leaf", 0), ("leaf", 1), ("leaf", 2), ("split", 1, frozenset({2}), 0, 1),
+                   ("split", KEY_PDF_CLASS, frozenset({0}), 3, 2),
+                   ("split", 0, frozenset({7}), 4, 2)], {0: 5}, {1: 0, 2: 0, 3: 0}, 3)
+    ctx = np.array([[7, 2, 0, 0], [7, 1, 9, 0], [7, 3, 1, 1], [600, 2, 0, 0], [0, 1, 0, 0]])
+    np.testing.assert_array_equal(shared.pdfs(ctx), [0, 1, 2, 2, 2])
+    np.testing.assert_array_equal(shared.pdfs(ctx), [shared.pdf(*map(int, c)) for c in ctx])
+    with pytest.raises(KeyError):
+        shared.pdfs(np.array([[0, 4, 0, 0]]))
 
 
 def _reference_contexts(phone_state: np.ndarray) -> np.ndarray:

@@ -138,6 +138,7 @@ class Tree:
     _codes: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)),
         repr=False, compare=False)
+    _walk_tables: tuple = field(default=(), repr=False, compare=False)   # see :meth:`_walk`
 
     def pdf(self, left: int, phone: int, right: int, pdf_class: int) -> int:
         key = (left, phone, right, pdf_class)
@@ -164,15 +165,54 @@ class Tree:
         hit = (known[pos] == uniq) if len(known) else np.zeros(len(uniq), dtype=bool)
         if not hit.all():
             new = uniq[~hit]
-            fields = [(new >> sh) & mask for sh, mask in _CODE_FIELDS]
-            new_pdf = np.array([self.pdf(int(a), int(b), int(c), int(d))
-                                for a, b, c, d in zip(*fields, strict=True)], dtype=np.int64)
+            new_pdf = self._walk(np.stack([(new >> sh) & mask for sh, mask in _CODE_FIELDS],
+                                          axis=1))
             merged = np.concatenate([known, new])
             by = np.argsort(merged, kind="stable")
             self._codes = (merged[by], np.concatenate([known_pdf, new_pdf])[by])
             known, known_pdf = self._codes
             pos = np.searchsorted(known, uniq)
         return known_pdf[pos][inv.reshape(-1)]
+
+    def _walk(self, ctx: np.ndarray) -> np.ndarray:
+        """:meth:`pdf` of every row of ``ctx`` ``[N, 4]``, all rows down the tree together: one
+        step per level, each split's question a row of a ``[splits, values]`` membership
+        table."""
+        if not self._walk_tables:
+            splits = [i for i, n in enumerate(self.nodes) if n[0] == "split"]
+            values = 1 + max([0, *self.root_of, *(v for i in splits for v in self.nodes[i][2])])
+            row = np.full(len(self.nodes), -1, dtype=np.int64)
+            row[splits] = np.arange(len(splits))
+            member = np.zeros((len(splits), values), dtype=bool)
+            column = np.zeros(len(self.nodes), dtype=np.int64)  # 0, 1, 2: phones; 3: pdf class
+            yes, no = np.zeros_like(column), np.zeros_like(column)
+            pdf = np.full(len(self.nodes), -1, dtype=np.int64)
+            for i, n in enumerate(self.nodes):
+                if n[0] == "leaf":
+                    pdf[i] = n[1]
+                    continue
+                member[row[i], sorted(n[2])] = True
+                column[i] = 3 if n[1] == KEY_PDF_CLASS else n[1]
+                yes[i], no[i] = n[3], n[4]
+            root = np.full(values, -1, dtype=np.int64)
+            for phone, r in self.root_of.items():
+                root[phone] = self.roots[r]
+            self._walk_tables = (row, member, column, yes, no, pdf, root)
+        row, member, column, yes, no, pdf, root = self._walk_tables
+        phone = ctx[:, 1]
+        bad = (phone >= len(root)) | (root[np.minimum(phone, len(root) - 1)] < 0)
+        if bad.any():
+            raise KeyError(int(phone[bad][0]))      # as pdf() does for a phone of no root
+        node = root[phone]
+        todo = np.flatnonzero(row[node] >= 0)
+        while len(todo):
+            at = node[todo]
+            value = ctx[todo, column[at]]
+            ok = value < member.shape[1]
+            inside = ok & member[row[at], np.where(ok, value, 0)]
+            node[todo] = np.where(inside, yes[at], no[at])
+            todo = todo[row[node[todo]] >= 0]
+        return pdf[node]
 
     def asks_context(self) -> bool:
         return any(n[0] == "split" and n[1] in (0, 2) for n in self.nodes)
