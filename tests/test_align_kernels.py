@@ -209,3 +209,18 @@ def test_viterbi_equals_plain_loops_with_many_ties() -> None:
             assert a.states is None
         else:
             np.testing.assert_array_equal(a.states, want)
+
+
+def test_bench_times_accumulation_and_realignment_at_a_given_size() -> None:
+    """``python -m asrtrain.align.bench``'s two parts, tiny: the figures are there and the
+    distinct pdfs per utterance follow ``distinct_pdfs``."""
+    from asrtrain.align.bench import time_accumulation, time_align_iteration
+
+    acc = time_accumulation(num_pdfs=60, gaussians=300, dim=5, frames=600, utt_frames=100,
+                            num_phones=5)
+    assert acc["frames"] == 600 and acc["frames_per_s_per_core"] > 0 and acc["pdfs_seen"] > 10
+    for distinct in (15, 30):
+        r = time_align_iteration(num_pdfs=300, gaussians=1500, dim=5, frames=1200,
+                                 distinct_pdfs=distinct)
+        assert r["failed"] == 0 and r["realign_frames_per_s_per_core"] > 0
+        assert abs(r["distinct_pdfs_per_utt"] - distinct) <= distinct * 0.3
