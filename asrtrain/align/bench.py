@@ -142,7 +142,7 @@ def _time_iteration(num_pdfs: int, gaussians: int, dim: int, frames: int, utt_fr
     # per model, not per frame (once an iteration over the whole corpus): timed apart
     t = time.process_time()
     stats = gmm.zero_stats()
-    gmm._acc_table()
+    gmm._component_table(torch.float64)
     if dense:
         gmm.loglikes(feats[0][:1])
     else:

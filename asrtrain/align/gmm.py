@@ -43,9 +43,8 @@ class DiagGmmSet:
         self.vars = variances.double()
         self.log_weights = log_weights.double()
         self._cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._sparse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._slots: torch.Tensor | None = None
-        self._acc: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---------------------------------------------------------------- shapes
     @property
@@ -123,15 +122,6 @@ class DiagGmmSet:
             self._slots = (live * slot).amax(-1)
         return self._slots
 
-    def _sparse_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor,
-                                                          torch.Tensor]:
-        """``[P, M, 2D]`` weights, ``[P, M]`` constants in ``dtype`` and :meth:`_used`, kept
-        until the model changes."""
-        if self._sparse is None or self._sparse[0].dtype != dtype:
-            w, g = self._padded_linear(dtype)
-            self._sparse = (w, g, self._used())
-        return self._sparse
-
     def loglikes(self, x: torch.Tensor, block: int | None = None, max_batch_mb: float = 256.0,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``[N, P]`` log-likelihood of every pdf for every frame (float32 by default: Kaldi
@@ -167,8 +157,9 @@ class DiagGmmSet:
         pdf's components is elementwise work across slabs, not a reduction over a short inner
         axis; the blocks are small enough (about 2 MB of scores) that the product, the max,
         the exp and the sum all run on data in the cache."""
-        w_all, g_all, used = self._sparse_tables(dtype)
-        pdfs = pdfs.to(w_all.device)
+        table, first = self._component_table(dtype)
+        used = self._used()
+        pdfs = pdfs.to(table.device)
         out = x.new_empty(x.shape[0], len(pdfs), dtype=dtype)
         if not len(pdfs):
             return out
@@ -178,8 +169,10 @@ class DiagGmmSet:
         for part in torch.tensor_split(order, min(groups, len(pdfs))):
             m = max(int(counts[part[-1]]), 1)
             sel = pdfs[part]
-            w = w_all[sel, :m].transpose(0, 1).reshape(-1, w_all.shape[-1])   # [m * n_pdf, 2D]
-            parts.append((part, m, w.T.contiguous(), g_all[sel, :m].T.reshape(-1).contiguous()))
+            k = torch.arange(m, device=table.device)[:, None]
+            rows = torch.where(k < used[sel], first[sel] + k, len(table) - 1)   # [m, n_pdf]
+            r = table[rows.reshape(-1)]                              # component-major rows
+            parts.append((part, m, r[:, 1:].T.contiguous(), r[:, 0].contiguous()))
         cols = max(p[2].shape[1] for p in parts)
         block = min(_frames_per_block(cols * 3, dtype, max_batch_mb),
                     max(32, 2 ** 19 // cols))
@@ -221,7 +214,7 @@ class DiagGmmSet:
         stats.frames += n
         if not n:
             return
-        table, first = self._acc_table()
+        table, first = self._component_table(torch.float64)
         used = self._used()
         x = x.to(table.device, torch.float64)
         pdf = pdf.to(table.device)
@@ -257,17 +250,23 @@ class DiagGmmSet:
             stats.sxx.view(-1, d).index_add_(0, slot, acc[:, 1 + d:])
         stats.loglike += float(total)
 
-    def _acc_table(self, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-        """float64 ``[G, 1+2D]`` rows ``[gconst, mean/var, -0.5/var]`` of every slot up to each
-        pdf's last live component (:meth:`_used`), pdf by pdf, and ``[P]`` each pdf's first
-        row: a component's log-likelihood is ``[1, x, x^2] . row``.  Kept until the model
-        changes; made from the used slots only, never the padded ``[P, M, 2D]``."""
-        if self._acc is None:
+    def _component_table(self, dtype: torch.dtype,
+                         chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[G + 1, 1+2D]`` rows ``[gconst, mean/var, -0.5/var]`` in ``dtype`` (computed in
+        float64) of every slot up to each pdf's last live component (:meth:`_used`), pdf by
+        pdf, then a row that scores -inf (padding); and ``[P]`` each pdf's first row.  A
+        component's log-likelihood is ``[1, x, x^2] . row``.  Kept until the model changes;
+        made from the used slots only (a third of the padded ``[P, M, 2D]`` at 200k
+        Gaussians), a chunk of pdfs at a time.  float64 for accumulation, float32 for
+        alignment."""
+        if dtype not in self._tables:
             used = self._used()
             first = torch.cumsum(used, 0) - used
             d = self.dim
-            table = torch.empty(int(used.sum()), 1 + 2 * d, dtype=torch.float64,
+            table = torch.empty(int(used.sum()) + 1, 1 + 2 * d, dtype=dtype,
                                 device=used.device)
+            table[-1] = 0.0
+            table[-1, 0] = -math.inf
             slots = torch.arange(self.means.shape[1], device=used.device)
             for i in range(0, self.num_pdfs, chunk):     # a chunk's temporaries at a time
                 live = slots[None, :] < used[i:i + chunk, None]
@@ -278,8 +277,8 @@ class DiagGmmSet:
                     d * LOG_2PI + var.log().sum(-1) + (mean * mean * inv).sum(-1))
                 rows[:, 1:1 + d] = mean * inv
                 rows[:, 1 + d:] = -0.5 * inv
-            self._acc = (table, first)
-        return self._acc
+            self._tables[dtype] = (table, first)
+        return self._tables[dtype]
 
     def update(self, stats: GmmStats, var_floor: torch.Tensor,
                min_gaussian_occupancy: float = 10.0) -> None:
@@ -296,7 +295,8 @@ class DiagGmmSet:
         w = torch.where(live, occ.clamp(min=1e-5), torch.zeros_like(occ))
         new_lw = torch.where(live, (w / w.sum(-1, keepdim=True)).log(), -math.inf)
         self.log_weights = torch.where(tot > 0, new_lw, self.log_weights)
-        self._cache = self._sparse = self._slots = self._acc = None
+        self._cache = self._slots = None
+        self._tables = {}
 
     def mixup(self, target: int, occ_per_pdf: torch.Tensor, power: float = 0.2,
               perturb: float = 0.2) -> None:
@@ -334,7 +334,8 @@ class DiagGmmSet:
                 self.vars[j, slot] = self.vars[j, k]
                 self.log_weights[j, k] = half
                 self.log_weights[j, slot] = half
-        self._cache = self._sparse = self._slots = self._acc = None
+        self._cache = self._slots = None
+        self._tables = {}
 
 
 def _untouched_zeros(*shape: int) -> torch.Tensor:
