@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError, Interrupted, interrupt_signal
 from asrtrain.fileio import remove_temporaries, write_text
+from asrtrain.jobs import set_threads
 from asrtrain.recipe import Paths
 
 log = logging.getLogger("asrtrain")
@@ -351,6 +352,8 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             log.info("stage %-13s starts: %s (%s)", d.stage, stage.doc, "; ".join(d.reasons))
             (paths.markers / d.stage).unlink(missing_ok=True)
             ctx = pipeline.context(d)
+            set_threads(int(cfg.get("threads", 1) or 1))   # the stage's own process; its jobs
+            #                                                set theirs (asrtrain.jobs)
             t0 = time.time()
             with _stage_log(paths.logs / f"{d.stage}.log"), _stage_failure(d.stage, paths.exp):
                 stage.run(ctx)

@@ -19,8 +19,11 @@ add ``trans.{ark,scp}`` (a ``[dim, dim+1]`` fMLLR matrix per speaker) and ``fina
 model's features come from :func:`asrtrain.align.model.model_features` (Δ, or splice + LDA+MLLT)
 and :func:`asrtrain.align.model.load_data` (plus fMLLR transforms);
 :func:`asrtrain.align.sat.estimate_transforms` estimates transforms from an alignment.
-Alignment scores only the pdfs of each utterance's training graph, compiles each graph once per
-pass and runs in ``nj`` jobs (:func:`asrtrain.align.model.align`);
+Alignment scores only the pdfs of each utterance's training graph and compiles each graph once per
+pass; every statistics pass of a training pass (alignment, GMM, tree, LDA, MLLT, fMLLR,
+``final.alimdl``) runs in ``nj`` jobs that read their own speakers' data from disk and return
+statistics (:mod:`asrtrain.align.passjobs`, :func:`asrtrain.jobs.run_jobs`), the same results
+whatever ``nj``;
 :func:`asrtrain.align.bench.time_align_iteration` times one iteration at Switchboard model sizes.
 """
 

@@ -17,11 +17,8 @@ alignment_model=True)``).
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
-import multiprocessing as mp
-import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -46,6 +43,7 @@ from asrtrain.align.graph import (
 )
 from asrtrain.align.tree import Tree
 from asrtrain.align.viterbi import Alignment, viterbi_states
+from asrtrain.data.datadir import DataDir
 from asrtrain.features.reader import FeatureReader
 from asrtrain.features.transform import add_deltas
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
@@ -69,12 +67,28 @@ def read_utterances(data_dir: Path, lang: Lang) -> tuple[list[Utterance], dict[s
     normalization) of every utterance, before deltas or splicing.  Returns the utterances and the
     ones left out with why (transcript words outside the lexicon when it has no <unk>); an
     utterance without features is an error (see :class:`FeatureReader`)."""
-    reader = FeatureReader(data_dir, 0, norm_vars=False, require_cmvn=True,
-                           hint="run the mfcc features stage first")
+    reader = mfcc_reader(data_dir)
     data = reader.data
-    out, skipped = [], {}
-    for utt in tqdm(data.utts, desc=f"reading {Path(data_dir).name}", unit="utt",
-                    file=sys.stderr, disable=None, leave=False):
+    words, skipped = transcripts(data, lang)
+    out = [Utterance(utt, words[utt], reader[utt], data.utt2spk[utt])
+           for utt in tqdm(words, desc=f"reading {Path(data_dir).name}", unit="utt",
+                           file=sys.stderr, disable=None, leave=False)]
+    return out, skipped
+
+
+def mfcc_reader(data_dir: Path | str) -> FeatureReader:
+    """CMN'd MFCCs of a data dir (Kaldi apply-cmvn: per-speaker means, no variances)."""
+    return FeatureReader(data_dir, 0, norm_vars=False, require_cmvn=True,
+                         hint="run the mfcc features stage first")
+
+
+def transcripts(data: DataDir, lang: Lang, utts: Iterable[str] | None = None
+                ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The words of each utterance (of ``utts``, default all; words outside the lexicon
+    mapped to ``<unk>`` when it has one), and the utterances left out with why (a word outside
+    a lexicon without ``<unk>``).  Reads the text only, no features."""
+    out, skipped = {}, {}
+    for utt in data.utts if utts is None else utts:
         words = []
         for w in data.text.get(utt, "").split():
             if w not in lang.lexicon:
@@ -83,9 +97,8 @@ def read_utterances(data_dir: Path, lang: Lang) -> tuple[list[Utterance], dict[s
                     break
                 w = "<unk>"
             words.append(w)
-        if utt in skipped:
-            continue
-        out.append(Utterance(utt, words, reader[utt], data.utt2spk[utt]))
+        if utt not in skipped:
+            out[utt] = words
     return out, skipped
 
 
@@ -186,6 +199,11 @@ class AcousticModel:
         with atomic_open(out_dir / "final.alimdl", "wb") as f:
             torch.save(self.state_dict(), f)
 
+    def write(self, path: Path | str) -> None:
+        """The model alone, to ``path`` (read back by :meth:`read`)."""
+        with atomic_open(path, "wb") as f:
+            torch.save(self.state_dict(), f)
+
     @classmethod
     def load(cls, model_dir: Path, alignment_model: bool = False) -> AcousticModel:
         """``final.mdl``; with ``alignment_model``, ``final.alimdl`` when the dir has one (a SAT
@@ -195,6 +213,11 @@ class AcousticModel:
             path = Path(model_dir) / "final.alimdl"
         if not path.is_file():
             raise AsrtrainError(f"{path}: no model; train this pass first")
+        return cls.read(path)
+
+    @classmethod
+    def read(cls, path: Path | str) -> AcousticModel:
+        """A model file (``final.mdl``, ``final.alimdl``, or the one a pass's jobs read)."""
         d = torch.load(path, weights_only=True)
         mat = d.get("lda_mllt")
         return cls(Tree.from_state_dict(d["tree"]), DiagGmmSet.from_state_dict(d["gmm"]),
@@ -378,8 +401,9 @@ class GraphCache:
     Memory is bounded by ``max_mb`` (about 150 bytes per frame of speech on the tiny corpus's
     triphone graphs): past it, graphs are compiled afresh each time, which costs about 4 us per
     frame against the tens of microseconds of aligning it, so a corpus too big to keep is slower
-    by a few percent, not out of memory.  Not kept on disk: a graph is valid for one tree, i.e.
-    one pass, and compiling it again is cheaper than writing and reading it."""
+    by a few percent, not out of memory.  A training pass's jobs keep theirs on disk for the
+    pass (``graphs.JOB.pt``, :mod:`asrtrain.align.passjobs`): a graph is valid for one tree,
+    i.e. one pass, and a job starts with no memory of the previous iteration."""
 
     def __init__(self, max_mb: float = 4096.0) -> None:
         self.max_bytes = max_mb * 2 ** 20
@@ -480,49 +504,47 @@ def _align_shard(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: M
     return out
 
 
-_SHARED: dict = {}   # what forked alignment jobs read (set by the parent just before the fork)
+@dataclass
+class _ShardJob:
+    """One job of :func:`_align_parallel`: everything it aligns travels in it (a job inherits
+    nothing: under ``cmd: slurm`` it runs in a fresh interpreter)."""
+
+    model: AcousticModel
+    lang: Lang
+    utts: list[Utterance]
+    cfg: dict
+    cache: GraphCache
 
 
-def _quiet_job() -> None:
-    """A forked job takes the default action on SIGTERM (the pool's way of ending it) and leaves
-    Ctrl-C to the parent: it inherited the CLI's handlers, which would print a traceback."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _shard_job(index: int) -> _ShardResult:
-    """One job of :func:`_align_parallel`: its shard, one thread (the jobs fill the cores)."""
-    torch.set_num_threads(1)
-    s = _SHARED
-    return _align_shard(s["model"], s["lang"], s["shards"][index], s["cfg"], s["cache"])
+def _shard_job(a: _ShardJob) -> _ShardResult:
+    return _align_shard(a.model, a.lang, a.utts, a.cfg, a.cache)
 
 
 def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
                     cache: GraphCache, nj: int, bar: tqdm) -> list[_ShardResult]:
-    """``nj`` forked processes over shards of the utterances (every nj-th by length, so the
-    shards are alike); they inherit the model, the features and the compiled graphs without
-    copying, and return the alignments and the graphs they compiled (kept for the next call).
-    Each job's memory is one batch (``batch_frames``, ``max_batch_mb``) plus its graphs."""
+    """``nj`` jobs (:func:`asrtrain.jobs.run_jobs`) over shards of utterances held in memory
+    (every nj-th by length, so the shards are alike), each sent its utterances and the graphs
+    already compiled for them; they return the alignments and the graphs they compiled (kept
+    for the next call).  For callers with the utterances in memory (the decoder's word
+    timing); the training passes' jobs read their own data (:mod:`asrtrain.align.passjobs`)."""
+    from asrtrain.jobs import JobConfig, run_jobs
+
     order = sorted(utts, key=lambda u: (len(u.feats), u.utt))
     num_shards = min(len(order), nj)   # one per job: batches as full as with one process
-    model.gmm.pdf_loglikes(torch.zeros(0, model.gmm.dim), torch.zeros(0, dtype=torch.long))
-    # ^ its likelihood tables made once here, shared by the forked jobs
-    _SHARED.update(model=model, lang=lang, cfg=cfg, cache=cache,
-                   shards=[order[i::num_shards] for i in range(num_shards)])
-    parts = []
-    gc.freeze()   # the jobs' garbage collector leaves the parent's objects alone: its passes
-    #               wrote to every object's header, copying every page of them into each job
-    try:
-        with mp.get_context("fork").Pool(nj, initializer=_quiet_job) as pool:
-            for part in pool.imap_unordered(_shard_job, range(num_shards)):
-                for utt, g in part.graphs.items():
-                    cache.keep(utt, g)
-                cache.compiled += part.compiled
-                parts.append(part)
-                bar.update(len(part.acoustic) + len(part.failed))
-    finally:
-        gc.unfreeze()
-        _SHARED.clear()
+    args = []
+    for i in range(num_shards):
+        shard = order[i::num_shards]
+        part = GraphCache(cache.max_bytes / 2 ** 20).for_tree(cache.tree)
+        for u in shard:
+            if u.utt in cache.graphs:
+                part.keep(u.utt, cache.graphs[u.utt])
+        args.append(_ShardJob(model, lang, shard, dict(cfg), part))
+    parts = run_jobs(_shard_job, args, JobConfig(nj=nj), "align")
+    for part in parts:
+        for utt, g in part.graphs.items():
+            cache.keep(utt, g)
+        cache.compiled += part.compiled
+        bar.update(len(part.acoustic) + len(part.failed))
     return parts
 
 
@@ -575,6 +597,26 @@ def write_alignments(out_dir: Path, res: AlignResult) -> None:
         with atomic_ark(ark, out_dir / f"{name}.scp") as w:
             for utt in sorted(table):
                 w(utt, table[utt].astype(np.int32))
+
+
+def merge_alignments(out_dir: Path, parts: Iterable[Path]) -> int:
+    """``ali.{ark,scp}`` and ``ali_phone_state.{ark,scp}`` of ``out_dir`` from the jobs'
+    ``ali.JOB.scp`` and ``ali_phone_state.JOB.scp`` (``parts``: ``(dir, JOB)`` pairs), in
+    sorted utterance order whatever the split (so the same bytes whatever ``nj``), one
+    utterance in memory at a time.  Returns the number of utterances."""
+    parts = list(parts)
+    count = 0
+    for name in ("ali", "ali_phone_state"):
+        tables = {}
+        for d, j in parts:
+            table = kaldiio.load_scp(str(Path(d) / f"{name}.{j}.scp"))
+            tables.update({utt: table for utt in table})
+        ark = (out_dir / f"{name}.ark").resolve()  # the scp is read from other directories
+        with atomic_ark(ark, out_dir / f"{name}.scp") as w:
+            for utt in sorted(tables):
+                w(utt, np.asarray(tables[utt][utt], dtype=np.int32))
+        count = len(tables)
+    return count
 
 
 def read_int_table(scp: Path) -> dict[str, np.ndarray]:

@@ -30,26 +30,31 @@ import torch
 from asrtrain import AsrtrainError
 from asrtrain.adapt.fmllr import FmllrStats, compose_affine, estimate_fmllr
 from asrtrain.adapt.posteriors import FrameGaussians, component_posteriors
-from asrtrain.align.gmm import DiagGmmSet
+from asrtrain.align.gmm import DiagGmmSet, GmmStats
 from asrtrain.align.model import (
     AcousticModel,
-    GraphCache,
     Utterance,
-    adapt_features,
-    adapt_utterances,
-    align,
     check_failures,
     frame_contexts,
     model_features,
     pdfs_of,
-    read_int_table,
     read_transforms,
-    read_utterances,
+)
+from asrtrain.align.passjobs import (
+    AlignFmllrJob,
+    Features,
+    IterResult,
+    Moments,
+    align_fmllr_job,
+    merge_fmllr_reports,
 )
 from asrtrain.align.train import (
     TRI_DEFAULTS,
     GmmConfig,
+    _align_result,
     _aligned_utterances,
+    _pass_utterances,
+    _PassJobs,
     _PassLog,
     _train_iters,
     _tree_model,
@@ -58,6 +63,7 @@ from asrtrain.align.train import (
     frame_batches,
 )
 from asrtrain.align.tree import Tree
+from asrtrain.jobs import JobConfig
 from asrtrain.lang.lexicon import Lang
 
 _FMLLR_DEFAULTS = GmmConfig()
@@ -182,163 +188,186 @@ def compose_transforms(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarr
 
 
 def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
-              cfg: Mapping | None = None) -> dict:
+              cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
     """SAT triphones on fMLLR-adapted features (tri4, see the module docstring); writes what
     ``train_tri`` writes plus ``trans.{ark,scp}`` (the training speakers) and
-    ``final.alimdl``.  Returns the summary."""
+    ``final.alimdl``.  ``jobs``: how its jobs run (default ``nj`` of ``cfg``, here).  Returns
+    the summary."""
     c = GmmConfig.from_config(cfg, **TRI_DEFAULTS, type="sat")
+    jobs = jobs or JobConfig(nj=c.nj)
     lang = Lang.read(lang_dir)
     ali_dir, out_dir = Path(ali_dir), Path(out_dir)
     prev_model = AcousticModel.load(ali_dir)
-    utts, skipped = read_utterances(data_dir, lang)
-    base = {u.utt: u.feats for u in utts}   # CMN'd MFCCs (52 bytes a frame, not 160)
-    for u in utts:
-        u.feats = model_features(prev_model, u.feats)
+    utts, skipped, data = _pass_utterances(data_dir, lang)
     plog = _PassLog(out_dir, out_dir.name)
-    utts, prev = _aligned_utterances(utts, skipped, ali_dir, plog, c)
-    transforms = _initial_transforms(prev_model, utts, ali_dir, lang, c, plog)
-    adapt_utterances(utts, transforms, where=str(data_dir))
-    model, tsum = _tree_model(utts, prev, lang, ali_dir, c, plog)
-    model.delta_order, model.splice = prev_model.delta_order, prev_model.splice
-    model.lda_mllt, model.sat = prev_model.lda_mllt, True
-    update = _FmllrUpdate(utts, base, transforms, silence_pdfs(model.tree, lang), c, plog)
-    res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
-                       c, c.num_gauss, plog, GraphCache(c.graph_cache_mb), update)
-    t0 = time.time()
-    alimdl = alignment_model(model, utts, base, res.phone_state, c)
-    plog(f"final.alimdl (speaker-independent) estimated in {time.time() - t0:.1f} s")
-    summary = {"kind": "sat", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
-               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
-               "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum,
-               "speakers": len(update.transforms),
-               "fmllr_objf_improvement": update.improvements}
-    _write(out_dir, model, lang, res, plog, summary, update.transforms, alimdl)
+    utts = _aligned_utterances(utts, skipped, ali_dir, plog, c)
+    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+        pj.prev_ali = str(ali_dir.resolve() / "ali_phone_state.scp")
+        prev_file = str(pj.work / "prev.mdl")
+        prev_model.write(prev_file)
+        t0 = time.time()
+        if (ali_dir / "trans.scp").is_file():   # train_sat.sh: the alignment dir's trans.*
+            found = read_transforms(ali_dir / "trans.scp", prev_model.gmm.dim)
+            missing = sorted({data.utt2spk[u] for u in utts} - set(found))
+            if missing:
+                raise AsrtrainError(f"{ali_dir / 'trans.scp'}: no transform for speaker "
+                                    f"{missing[0]} ({len(missing)} speakers missing)")
+            transforms = {k: v.astype(np.float32) for k, v in found.items()}
+            pj.write_transforms(transforms)
+            plog(f"initial fMLLR transforms: {len(found)} from {ali_dir / 'trans.scp'}")
+            model, tsum, _ = _tree_model(pj, Features(model=prev_file, trans=pj.trans), lang,
+                                         ali_dir, c, plog)
+        else:   # else estimated with its model from its alignment, in the tree jobs
+            model, tsum, parts = _tree_model(pj, Features(model=prev_file), lang, ali_dir, c,
+                                             plog, fmllr_model=prev_file)
+            transforms = {}
+            for r in parts:
+                transforms.update(r.transforms)
+            pj.write_transforms(transforms)
+            rep = merge_fmllr_reports(r.fmllr for r in parts)
+            plog(f"initial fMLLR transforms from {ali_dir.name}'s model and alignment: {rep} "
+                 f"in {time.time() - t0:.1f} s")
+        model.delta_order, model.splice = prev_model.delta_order, prev_model.splice
+        model.lda_mllt, model.sat = prev_model.lda_mllt, True
+        update = _FmllrHook(transforms, plog)
+        res, parts = _train_iters(model, pj, c, c.num_gauss, plog, fmllr=update)
+        t0 = time.time()
+        stats, moments = parts[0].alimdl, Moments()
+        for i, p in enumerate(parts):
+            if i:
+                stats.add(p.alimdl)
+            moments.add(p.alimdl_moments)
+        alimdl = alimdl_update(model, stats, moments, c)
+        plog(f"final.alimdl (speaker-independent) estimated in {time.time() - t0:.1f} s")
+        summary = {"kind": "sat", "num_pdfs": model.num_pdfs,
+                   "num_gauss": model.gmm.num_gauss(), "utterances": len(utts),
+                   "skipped": len(skipped), "failed": len(res.failed),
+                   "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum,
+                   "speakers": len(update.transforms),
+                   "fmllr_objf_improvement": update.improvements}
+        _write(out_dir, model, lang, pj, plog, summary, update.transforms, alimdl)
     return summary
 
 
-def _initial_transforms(prev_model: AcousticModel, utts: list[Utterance], ali_dir: Path,
-                        lang: Lang, c: GmmConfig, plog: _PassLog) -> dict[str, np.ndarray]:
-    """train_sat.sh's start: ``ali_dir``'s ``trans.*`` when it has them, else transforms
-    estimated with its model from its pdf alignment."""
-    t0 = time.time()
-    if (ali_dir / "trans.scp").is_file():
-        found = read_transforms(ali_dir / "trans.scp", prev_model.gmm.dim)
-        missing = sorted({u.speaker for u in utts} - set(found))
-        if missing:
-            raise AsrtrainError(f"{ali_dir / 'trans.scp'}: no transform for speaker "
-                                f"{missing[0]} ({len(missing)} speakers missing)")
-        plog(f"initial fMLLR transforms: {len(found)} from {ali_dir / 'trans.scp'}")
-        return {k: v.astype(np.float32) for k, v in found.items()}
-    rep: dict = {}
-    out = estimate_transforms(prev_model, utts, read_int_table(ali_dir / "ali.scp"),
-                              silence_pdfs(prev_model.tree, lang), c, report=rep)
-    plog(f"initial fMLLR transforms from {ali_dir.name}'s model and alignment: {rep} in "
-         f"{time.time() - t0:.1f} s")
-    return out
+class _FmllrHook:
+    """The SAT pass's update at ``fmllr_iters``: each job re-estimated its speakers'
+    transforms on the current adapted features with the current model and alignment, composed
+    them with the old ones and accumulated on the re-adapted features; here the transforms are
+    gathered and written for the next iteration's jobs."""
 
-
-class _FmllrUpdate:
-    """The SAT pass's iteration hook: at ``fmllr_iters``, transforms estimated on the current
-    adapted features with the current model and alignment, composed with the old ones, and the
-    features re-adapted from the unadapted ones (made again from the CMN'd MFCCs ``base``)."""
-
-    def __init__(self, utts: list[Utterance], base: Mapping[str, np.ndarray],
-                 transforms: dict[str, np.ndarray], silence: np.ndarray, c: GmmConfig,
-                 plog: _PassLog) -> None:
-        self.utts, self.base, self.transforms = utts, base, transforms
-        self.silence, self.c, self.plog = silence, c, plog
+    def __init__(self, transforms: dict[str, np.ndarray], plog: _PassLog) -> None:
+        self.transforms, self.plog = transforms, plog
         self.improvements: list[float] = []
 
-    def __call__(self, it: int, model: AcousticModel, phone_state: dict[str, np.ndarray]
-                 ) -> dict | None:
-        if it not in self.c.fmllr_iters:
-            return None
-        t0 = time.time()
-        pdfs = {u.utt: pdfs_of(model.tree, frame_contexts(phone_state[u.utt]))
-                for u in self.utts if u.utt in phone_state}
-        rep: dict = {}
-        new = estimate_transforms(model, self.utts, pdfs, self.silence, self.c, report=rep)
-        self.transforms.update(compose_transforms(new, self.transforms))
-        for u in self.utts:
-            u.feats = adapt_features(model_features(model, self.base[u.utt]),
-                                     self.transforms[u.speaker])
+    def __call__(self, it: int, pj: _PassJobs, parts: list[IterResult], seconds: float
+                 ) -> dict:
+        for p in parts:
+            self.transforms.update(p.transforms)
+        pj.write_transforms(self.transforms)
+        rep = merge_fmllr_reports(p.fmllr for p in parts)
         gain = rep["objf_improvement_per_frame"]
         self.improvements.append(gain)
         self.plog(f"iter {it}: fMLLR objective +{gain:.4f} per frame, {rep['speakers']} "
-                  f"speakers ({rep['identity']} identity), in {time.time() - t0:.1f} s")
-        return {"fmllr_objf_improvement": gain, "fmllr_seconds": round(time.time() - t0, 3)}
+                  f"speakers ({rep['identity']} identity), in {seconds:.1f} s (with the "
+                  "iteration's alignment and statistics)")
+        return {"fmllr_objf_improvement": gain, "fmllr_seconds": round(seconds, 3)}
 
 
-def alignment_model(model: AcousticModel, utts: list[Utterance], base: Mapping[str, np.ndarray],
-                    phone_state: Mapping[str, np.ndarray], c: GmmConfig) -> AcousticModel:
-    """``final.alimdl``: ``gmm-acc-stats-twofeats`` (component posteriors of ``model`` on the
-    adapted features ``u.feats``, statistics of the unadapted ones, made from the CMN'd MFCCs
-    ``base``) and one ``gmm-est`` from the final model (low-count Gaussians kept, the variance
-    floor from the unadapted features' global variance), same tree and transitions."""
-    device = torch.device(c.device)
+def alimdl_stats(model: AcousticModel, utts: list[Utterance], unadapted: Mapping[str, np.ndarray],
+                 phone_state: Mapping[str, np.ndarray], device: torch.device | str = "cpu"
+                 ) -> tuple[GmmStats, Moments]:
+    """``gmm-acc-stats-twofeats``: component posteriors of ``model`` on the adapted features
+    ``u.feats``, statistics of the unadapted ones (``unadapted[utt]``), and their moments (the
+    variance floor)."""
+    device = torch.device(device)
     gmm = model.gmm.to(device)
     stats = gmm.zero_stats()
-    moments = torch.zeros(3, gmm.dim, dtype=torch.float64, device=device)  # n, sum x, sum x^2
+    moments = Moments()
     for u in utts:
         ps = phone_state.get(u.utt)
         if ps is None:
             continue
         pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))).to(device)
         post = component_posteriors(gmm, torch.from_numpy(u.feats).to(device), pdf).post
-        x = torch.from_numpy(model_features(model, base[u.utt])).to(device).double()
+        x = torch.from_numpy(unadapted[u.utt]).to(device).double()
         m = post.shape[1]   # the slots up to the last live component
         stats.occ[:, :m].index_add_(0, pdf, post)
         stats.sx[:, :m].index_add_(0, pdf, post[:, :, None] * x[:, None, :])
         stats.sxx[:, :m].index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
-        moments += torch.stack([torch.full_like(x[0], len(x)), x.sum(0), (x * x).sum(0)])
-    n = moments[0].clamp(min=1.0)
-    mean = moments[1] / n
-    var_floor = (c.var_floor_factor * (moments[2] / n - mean * mean)).cpu().numpy()
+        moments.accumulate(unadapted[u.utt])
+    return stats, moments
+
+
+def alimdl_update(model: AcousticModel, stats: GmmStats, moments: Moments,
+                  c: GmmConfig) -> AcousticModel:
+    """``gmm-est`` of ``final.alimdl`` from the final model and the summed
+    :func:`alimdl_stats` (low-count Gaussians kept, the variance floor from the unadapted
+    features' global variance), same tree and transitions."""
+    device = stats.occ.device
+    gmm = model.gmm.to(device)
+    var_floor = c.var_floor_factor * moments.mean_var()[1]
     si_gmm = DiagGmmSet(gmm.means.clone(), gmm.vars.clone(), gmm.log_weights.clone())
     si_gmm.update(stats, torch.from_numpy(var_floor).to(device), c.min_gaussian_occupancy)
     return AcousticModel(model.tree, si_gmm.to("cpu"), model.log_trans, model.delta_order,
                          var_floor, model.splice, model.lda_mllt, sat=False)
 
 
+def alignment_model(model: AcousticModel, utts: list[Utterance], base: Mapping[str, np.ndarray],
+                    phone_state: Mapping[str, np.ndarray], c: GmmConfig) -> AcousticModel:
+    """``final.alimdl`` of utterances in memory: :func:`alimdl_stats` (the unadapted
+    features made from the CMN'd MFCCs ``base``) and :func:`alimdl_update`."""
+    unadapted = {u.utt: model_features(model, base[u.utt]) for u in utts}
+    stats, moments = alimdl_stats(model, utts, unadapted, phone_state, c.device)
+    return alimdl_update(model, stats, moments, c)
+
+
 def align_fmllr(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
-                cfg: Mapping | None = None) -> dict:
+                cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
     """Align a data dir with fMLLR (Kaldi's ``steps/align_fmllr.sh``): first pass with the
     alignment model (``final.alimdl``, else ``final.mdl``) on unadapted features, transforms
-    estimated from it, second pass with ``final.mdl`` on adapted features.  ``out_dir`` gets the
-    model(s), ``ali*.{ark,scp}``, ``trans.{ark,scp}``, ``log.txt``, ``passes.json``."""
+    estimated from it, second pass with ``final.mdl`` on adapted features, all three in each
+    job for its speakers.  ``out_dir`` gets the model(s), ``ali*.{ark,scp}``,
+    ``trans.{ark,scp}``, ``log.txt``, ``passes.json``."""
     c = GmmConfig.from_config(cfg)
+    jobs = jobs or JobConfig(nj=c.nj)
     lang = Lang.read(lang_dir)
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir)
     model = AcousticModel.load(model_dir)
     alimdl = AcousticModel.load(model_dir, alignment_model=True)
-    utts, skipped = read_utterances(data_dir, lang)
-    for u in utts:
-        u.feats = model_features(model, u.feats)
+    has_alimdl = (model_dir / "final.alimdl").is_file()
+    utts, skipped, data = _pass_utterances(data_dir, lang)
     plog = _PassLog(out_dir, f"align_fmllr {model_dir.name}")
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
-    graphs, acfg = GraphCache(c.graph_cache_mb), asdict(c)
-    first = align(alimdl, lang, utts, acfg, graphs, desc=f"align {Path(data_dir).name} (SI)")
-    check_failures(first, len(utts), c.max_fail_fraction, f"aligning {data_dir} (first pass)")
-    plog.record(0, first, first.loglike_per_frame, first.frames, first.seconds,
-                alimdl.gmm.num_gauss(), {"features": "speaker-independent"})
-    t0, rep = time.time(), {}
-    transforms = estimate_transforms(model, utts, first.pdf, silence_pdfs(model.tree, lang), c,
-                                     posterior_model=alimdl, report=rep)
-    seconds = time.time() - t0
-    plog(f"fMLLR transforms: {rep} in {seconds:.1f} s")
-    adapt_utterances(utts, transforms, where=str(data_dir))
-    res = align(model, lang, utts, acfg, graphs, desc=f"align {Path(data_dir).name} (fMLLR)")
-    check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
-    for utt, why in sorted(res.failed.items()):
-        plog(f"failed {utt}: {why}")
-    plog.record(1, res, res.loglike_per_frame, res.frames, res.seconds, model.gmm.num_gauss(),
-                {"features": "fmllr", "fmllr_seconds": round(seconds, 3),
-                 "fmllr_objf_improvement": rep["objf_improvement_per_frame"]})
-    summary = {"kind": "align_fmllr", "model": str(model_dir), "num_pdfs": model.num_pdfs,
-               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
-               "si_loglike_per_frame": first.loglike_per_frame,
-               "final_loglike_per_frame": res.loglike_per_frame, "fmllr": rep}
-    has_alimdl = (model_dir / "final.alimdl").is_file()
-    _write(out_dir, model, lang, res, plog, summary, transforms, alimdl if has_alimdl else None)
+    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+        t0 = time.time()
+        parts = pj.run(align_fmllr_job, lambda p: AlignFmllrJob(
+            p, str(model_dir / "final.mdl"),
+            str(model_dir / ("final.alimdl" if has_alimdl else "final.mdl")), pj.cfg),
+            "align, fMLLR, align")
+        seconds = time.time() - t0
+        first = _align_result([p.first for p in parts])
+        check_failures(first, len(utts), c.max_fail_fraction,
+                       f"aligning {data_dir} (first pass)")
+        plog.record(0, first, first.loglike_per_frame, first.frames, first.seconds,
+                    alimdl.gmm.num_gauss(), {"features": "speaker-independent"})
+        transforms: dict[str, np.ndarray] = {}
+        for p in parts:
+            transforms.update(p.transforms)
+        rep = merge_fmllr_reports(p.fmllr for p in parts)
+        plog(f"fMLLR transforms: {rep}")
+        res = _align_result([p.second for p in parts])
+        check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
+        for utt, why in sorted(res.failed.items()):
+            plog(f"failed {utt}: {why}")
+        plog.record(1, res, res.loglike_per_frame, res.frames, res.seconds,
+                    model.gmm.num_gauss(),
+                    {"features": "fmllr", "jobs_seconds": round(seconds, 3),
+                     "fmllr_objf_improvement": rep["objf_improvement_per_frame"]})
+        summary = {"kind": "align_fmllr", "model": str(model_dir), "num_pdfs": model.num_pdfs,
+                   "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+                   "si_loglike_per_frame": first.loglike_per_frame,
+                   "final_loglike_per_frame": res.loglike_per_frame, "fmllr": rep}
+        _write(out_dir, model, lang, pj, plog, summary, transforms,
+               alimdl if has_alimdl else None)
     return summary

@@ -21,47 +21,59 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import kaldiio
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
-from asrtrain.adapt.lda import LdaStats, estimate_lda
-from asrtrain.adapt.mllt import MlltStats, compose, estimate_mllt, transform_means
-from asrtrain.adapt.posteriors import component_posteriors
-from asrtrain.adapt.splice import splice_frames
+from asrtrain.adapt.lda import estimate_lda
+from asrtrain.adapt.mllt import compose, estimate_mllt, transform_means
 from asrtrain.align.gmm import DiagGmmSet
-from asrtrain.align.graph import equal_alignment
 from asrtrain.align.model import (
     STATE_BITS,
     AcousticModel,
     AlignResult,
-    GraphCache,
     Utterance,
-    accumulate_stats,
-    align,
     check_failures,
     estimate_log_trans,
     frame_contexts,
     initial_log_trans,
-    lda_features,
-    load_data,
-    model_features,
-    pdfs_of,
-    read_int_table,
-    read_utterances,
+    merge_alignments,
+    mfcc_reader,
+    transcripts,
     write_alignments,
     write_transforms,
 )
-from asrtrain.align.tree import TreeStats, build_tree, cluster_phones, mono_tree
+from asrtrain.align.passjobs import (
+    Features,
+    IterJob,
+    IterResult,
+    Moments,
+    Part,
+    SetupJob,
+    SetupResult,
+    iter_job,
+    setup_job,
+    sum_gmm,
+)
+from asrtrain.align.tree import build_tree, cluster_phones, mono_tree
+from asrtrain.data.datadir import DataDir
 from asrtrain.fileio import atomic_dir, write_text
+from asrtrain.jobs import JobConfig, run_jobs, split_by_speaker
 from asrtrain.lang.lexicon import Lang
+
+if TYPE_CHECKING:
+    from asrtrain.align.sat import _FmllrHook
 
 log = logging.getLogger(__name__)
 
@@ -192,169 +204,301 @@ def _num_states(lang: Lang) -> dict[int, int]:
     return {p: lang.phones.topology(p).num_states for p in lang.phones.real_phone_ids}
 
 
-def _accumulate(model: AcousticModel, utts: list[Utterance], phone_state: dict[str, np.ndarray],
-                device: torch.device) -> tuple:
-    """GMM statistics and transition counts from a phone-state alignment."""
-    return accumulate_stats(model, ((u.feats, phone_state[u.utt]) for u in utts
-                                    if u.utt in phone_state), device)
+class _PassJobs:
+    """A pass's jobs (:mod:`asrtrain.align.passjobs`): its utterances split by speaker into
+    ``nj`` parts once (balanced by ``utt2num_frames``), and the work dir the parent and the
+    jobs share, ``.<pass>.*.work.tmp`` beside the output (removed at the end; a killed run's is
+    removed by the pipeline with the other temporaries): the current model (``cur.mdl``),
+    transforms (``trans.scp``), LDA matrix, the jobs' alignment parts and graphs.  The jobs read
+    the current alignment from ``prev_ali`` (the previous pass's table) until the pass aligns,
+    then from their own parts."""
+
+    def __init__(self, data_dir: Path, lang_dir: Path, out_dir: Path, utts: list[str],
+                 data: DataDir, jobs: JobConfig, c: GmmConfig, name: str) -> None:
+        spk2utt: dict[str, list[str]] = {}
+        for u in utts:
+            spk2utt.setdefault(data.utt2spk[u], []).append(u)
+        frames = data.utt2num_frames if all(u in data.utt2num_frames for u in utts) else None
+        split = split_by_speaker(spk2utt, jobs.nj, frames)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.",
+                                          suffix=".work.tmp")).resolve()
+        # absolute paths: a job may run elsewhere (cmd: slurm), in another directory
+        self.parts = [Part(j + 1, str(Path(data_dir).resolve()), str(Path(lang_dir).resolve()),
+                           us, str(self.work)) for j, us in enumerate(split)]
+        self.jobs, self.cfg, self.name = jobs, asdict(c), name
+        self.in_process = torch.device(c.device).type != "cpu"   # one process on a GPU
+        self.prev_ali: str | None = None
+        self.trans: str | None = None
+        self.num_utts = len(utts)
+        self.compiled = 0
+
+    def __enter__(self) -> _PassJobs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def run(self, fn: Callable, make: Callable[[Part], object], desc: str) -> list:
+        """``fn`` over the parts, ``make(part)`` its argument; results in job order."""
+        return run_jobs(fn, [make(p) for p in self.parts], self.jobs, f"{self.name}: {desc}",
+                        in_process=self.in_process)
+
+    def setup(self, features: Features, desc: str, **kw) -> list[SetupResult]:
+        return self.run(setup_job, lambda p: SetupJob(p, features, ali=self.prev_ali,
+                                                      cfg=self.cfg, **kw), desc)
+
+    def write_transforms(self, transforms: Mapping[str, np.ndarray]) -> None:
+        write_transforms(self.work, transforms)
+        self.trans = str(self.work / "trans.scp")
+
+    def iterate(self, model: AcousticModel, align: str, what: tuple[str, ...], desc: str
+                ) -> list[IterResult]:
+        """One iteration's jobs with ``model`` (see :class:`IterJob`); after an alignment the
+        jobs' parts are the current alignment."""
+        path = self.work / "cur.mdl"
+        model.write(path)
+        parts = self.run(iter_job, lambda p: IterJob(
+            p, str(path), align, self.prev_ali or str(p.file("ali_phone_state.JOB.scp")),
+            self.trans, what, self.cfg), desc)
+        if align != "read":
+            self.prev_ali = None
+        self.compiled += sum(p.compiled for p in parts)
+        return parts
+
+    def alignment_parts(self) -> list[tuple[Path, int]]:
+        return [(self.work, p.index) for p in self.parts]
 
 
-IterationHook = Callable[[int, AcousticModel, dict[str, np.ndarray]], dict | None]
+def _align_result(parts: list[IterResult]) -> AlignResult:
+    """The figures of the jobs' alignments (the tables are on disk): failures, frames, the
+    log-likelihood per frame summed in utterance order (one sum whatever the split), and the
+    longest job's seconds."""
+    acoustic: dict[str, float] = {}
+    res = AlignResult({}, {}, {}, {}, 0.0, 0, 0.0)
+    for p in parts:
+        acoustic.update(p.acoustic)
+        res.failed.update(p.failed)
+        res.frames += p.frames
+        res.seconds = max(res.seconds, p.align_seconds)
+    res.loglike_per_frame = sum(acoustic[k] for k in sorted(acoustic)) / max(res.frames, 1)
+    return res
 
 
-def _train_iters(model: AcousticModel, lang: Lang, utts: list[Utterance],
-                 phone_state: dict[str, np.ndarray], cfg: GmmConfig, target_gauss: int,
-                 plog: _PassLog, graphs: GraphCache,
-                 hook: IterationHook | None = None) -> AlignResult:
-    """The shared loop: realign (when scheduled), ``hook`` (the feature-space updates of
-    LDA+MLLT and SAT passes: it may change the model and the utterances' features, and returns
-    figures for the iteration's record), accumulate, update, mix up; a final alignment with the
-    last model is returned. A progress bar counts the iterations (the log has a line for each)."""
+def _train_iters(model: AcousticModel, pj: _PassJobs, cfg: GmmConfig, target_gauss: int,
+                 plog: _PassLog, mllt: _MlltUpdate | None = None,
+                 fmllr: _FmllrHook | None = None) -> tuple[AlignResult, list[IterResult]]:
+    """The shared loop, each iteration one run of jobs (two at an MLLT iteration): realign
+    (when scheduled), the feature-space updates of LDA+MLLT (``mllt``: statistics, then the
+    parent's estimate, then the accumulation with the new features) and SAT passes (``fmllr``:
+    each job re-estimates its speakers' transforms before it accumulates), accumulate; the
+    parent sums, updates, mixes up.  A final alignment with the last model (with the
+    ``final.alimdl`` statistics of a SAT pass) ends it; returns its figures and the jobs'
+    results.  A progress bar counts the iterations (the log has a line for each)."""
     device = torch.device(cfg.device)
     num_gauss = model.gmm.num_gauss()
     inc = max(0, (target_gauss - num_gauss) // max(cfg.max_iter_inc, 1))
-    acfg = asdict(cfg)
     bar = tqdm(total=cfg.num_iters + 1, desc=plog.name, unit="iter", file=sys.stderr,
                disable=None, leave=False)
     for it in range(1, cfg.num_iters + 1):
         t0 = time.time()
-        res = None
-        if it in cfg.realign_iters:
-            res = align(model, lang, utts, acfg, graphs, desc=f"{plog.name} iter {it}: align")
-            check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} iter {it}")
-            phone_state = res.phone_state
-        extra = hook(it, model, phone_state) if hook is not None else None
-        gmm, stats, counts = _accumulate(model, utts, phone_state, device)
-        gmm.update(stats, torch.from_numpy(model.var_floor).to(device),
-                   cfg.min_gaussian_occupancy)
+        align = "viterbi" if it in cfg.realign_iters else "read"
+        desc = f"iter {it}" + (": align" if align == "viterbi" else "")
+        extra = None
+        if mllt is not None and it in cfg.mllt_iters:
+            parts = pj.iterate(model, align, ("mllt",), desc)
+            res = _checked(parts, align, pj, cfg, plog, it)
+            extra = mllt(it, model, parts)
+            parts = pj.iterate(model, "read", ("gmm", "moments"), f"iter {it}")
+            moments = Moments()
+            for p in parts:
+                moments.add(p.moments)
+            model.var_floor = cfg.var_floor_factor * moments.mean_var()[1]
+        elif fmllr is not None and it in cfg.fmllr_iters:
+            parts = pj.iterate(model, align, ("fmllr", "gmm"), desc + ", fMLLR")
+            res = _checked(parts, align, pj, cfg, plog, it)
+            extra = fmllr(it, pj, parts, time.time() - t0)
+        else:
+            parts = pj.iterate(model, align, ("gmm",), desc)
+            res = _checked(parts, align, pj, cfg, plog, it)
+        stats, counts = sum_gmm(parts)
+        gmm = model.gmm.to(device)
+        gmm.update(stats,
+                   torch.from_numpy(model.var_floor).to(device), cfg.min_gaussian_occupancy)
         model.log_trans = estimate_log_trans(counts, model.log_trans)
         if it <= cfg.max_iter_inc and num_gauss < target_gauss:
             num_gauss = min(target_gauss, num_gauss + inc)
-            gmm.mixup(num_gauss, stats.occ.sum(-1))
+            # a pdf's occupancy is its frame count (each frame's posteriors sum to one):
+            # rounded, it is the same bits whatever the jobs' grouping of the sums, so pdfs
+            # of equal counts tie exactly in the allocation, not by the last bits
+            gmm.mixup(num_gauss, stats.occ.sum(-1).round())
         model.gmm = gmm.to("cpu")
         plog.record(it, res, stats.loglike / max(stats.frames, 1), stats.frames,
                     time.time() - t0, model.gmm.num_gauss(), extra)
         bar.set_postfix(loglike=f"{plog.passes[-1]['loglike_per_frame']:.2f}",
                         gauss=model.gmm.num_gauss(), refresh=False)
         bar.update()
-    res = align(model, lang, utts, acfg, graphs, desc=f"{plog.name}: final alignment")
+    what = ("final", "alimdl") if fmllr is not None else ("final",)
+    parts = pj.iterate(model, "viterbi", what, "final alignment")
+    res = _align_result(parts)
     bar.update()
     bar.close()
-    check_failures(res, len(utts), cfg.max_fail_fraction, f"{plog.name} final alignment")
-    plog(f"training graphs: {graphs.compiled} compiled for {len(utts)} utterances, "
-         f"{len(graphs.graphs)} kept ({graphs.bytes / 2 ** 20:.1f} MB)")
+    check_failures(res, pj.num_utts, cfg.max_fail_fraction, f"{plog.name} final alignment")
+    plog(f"training graphs: {pj.compiled} compiled for {pj.num_utts} utterances in "
+         f"{len(pj.parts)} jobs (kept on disk per job for the pass)")
     plog.record(cfg.num_iters + 1, res, res.loglike_per_frame, res.frames, res.seconds,
                 model.gmm.num_gauss())
+    return res, parts
+
+
+def _checked(parts: list[IterResult], align: str, pj: _PassJobs, cfg: GmmConfig,
+             plog: _PassLog, it: int) -> AlignResult | None:
+    """An iteration's alignment figures (None when it did not align), failures checked."""
+    if align != "viterbi":
+        return None
+    res = _align_result(parts)
+    check_failures(res, pj.num_utts, cfg.max_fail_fraction, f"{plog.name} iter {it}")
     return res
 
 
+def _pass_utterances(data_dir: Path, lang: Lang) -> tuple[list[str], dict[str, str], DataDir]:
+    """The data dir's utterances a pass trains on (its transcript in the lexicon), those
+    left out with why, and the data dir (read and checked: features, CMVN; no features read)."""
+    data = mfcc_reader(data_dir).data
+    words, skipped = transcripts(data, lang)
+    return list(words), skipped, data
+
+
 def train_mono(data_dir: Path, lang_dir: Path, out_dir: Path,
-               cfg: Mapping | None = None) -> dict:
-    """Flat-start monophone training (see the module docstring); returns the summary."""
+               cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
+    """Flat-start monophone training (see the module docstring); returns the summary.
+    ``jobs``: how its jobs run (default ``nj`` of ``cfg`` on this machine)."""
     c = GmmConfig.from_config(cfg)
+    jobs = jobs or JobConfig(nj=c.nj)
     lang = Lang.read(lang_dir)
-    utts, skipped = load_data(data_dir, lang, c.delta_order)
+    utts, skipped, data = _pass_utterances(data_dir, lang)
     if not utts:
         raise AsrtrainError(f"{data_dir}: no utterance to train on")
     if c.num_utts:
-        utts = sorted(utts, key=lambda u: (len(u.feats), u.utt))[:c.num_utts]
+        missing = [u for u in utts if u not in data.utt2num_frames]
+        if missing:
+            raise AsrtrainError(f"{Path(data_dir) / 'utt2num_frames'}: no length for {missing[0]}"
+                                " (num_utts picks the shortest); run the mfcc stage again")
+        utts = sorted(utts, key=lambda u: (data.utt2num_frames[u], u))[:c.num_utts]
     out_dir = Path(out_dir)
     plog = _PassLog(out_dir, "mono")
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
-    mean, var = _global_stats(utts)
-    var_floor = c.var_floor_factor * var
-    num_states = _num_states(lang)
-    tree = mono_tree(lang.phones.root_of(), num_states)
-    p = tree.num_pdfs
-    gmm = DiagGmmSet(torch.from_numpy(np.tile(mean, (p, 1, 1))),
-                     torch.from_numpy(np.tile(var, (p, 1, 1))), torch.zeros(p, 1))
-    model = AcousticModel(tree, gmm, initial_log_trans(lang), c.delta_order, var_floor)
+    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, "mono") as pj:
+        moments = Moments()
+        for r in pj.setup(Features(delta_order=c.delta_order), "global mean and variance",
+                          moments=True):
+            moments.add(r.moments)
+        mean, var = moments.mean_var()
+        var_floor = c.var_floor_factor * var
+        tree = mono_tree(lang.phones.root_of(), _num_states(lang))
+        p = tree.num_pdfs
+        gmm = DiagGmmSet(torch.from_numpy(np.tile(mean, (p, 1, 1))),
+                         torch.from_numpy(np.tile(var, (p, 1, 1))), torch.zeros(p, 1))
+        model = AcousticModel(tree, gmm, initial_log_trans(lang), c.delta_order, var_floor)
 
-    # iteration 0: equal alignment (Kaldi align-equal-compiled, then gmm-est)
-    t0 = time.time()
-    phone_state = {}
-    for u in utts:
-        eq = equal_alignment(lang, u.words, len(u.feats), num_states.__getitem__)
-        if eq is None:
-            plog(f"equal alignment impossible for {u.utt} ({len(u.feats)} frames)")
-            continue
-        phone_state[u.utt] = np.array([ph * STATE_BITS + s for ph, s in eq], dtype=np.int64)
-    if len(utts) - len(phone_state) > c.max_fail_fraction * len(utts):
-        raise AsrtrainError(f"{data_dir}: {len(utts) - len(phone_state)} of {len(utts)} "
-                            "utterances are too short for an equal alignment")
-    device = torch.device(c.device)
-    g, stats, counts = _accumulate(model, utts, phone_state, device)
-    g.update(stats, torch.from_numpy(var_floor).to(device), min_gaussian_occupancy=3.0)
-    model.gmm = g.to("cpu")
-    model.log_trans = estimate_log_trans(counts, model.log_trans)
-    plog.record(0, None, stats.loglike / max(stats.frames, 1), stats.frames, time.time() - t0,
-                model.gmm.num_gauss())
+        # iteration 0: equal alignment (Kaldi align-equal-compiled, then gmm-est)
+        t0 = time.time()
+        parts = pj.iterate(model, "equal", ("gmm",), "equal alignment")
+        impossible = {k: v for part in parts for k, v in part.failed.items()}
+        for utt in sorted(impossible):
+            plog(f"{impossible[utt]} for {utt}")
+        if len(impossible) > c.max_fail_fraction * len(utts):
+            raise AsrtrainError(f"{data_dir}: {len(impossible)} of {len(utts)} utterances are "
+                                "too short for an equal alignment")
+        device = torch.device(c.device)
+        stats, counts = sum_gmm(parts)
+        g = model.gmm.to(device)
+        g.update(stats, torch.from_numpy(var_floor).to(device), min_gaussian_occupancy=3.0)
+        model.gmm = g.to("cpu")
+        model.log_trans = estimate_log_trans(counts, model.log_trans)
+        plog.record(0, None, stats.loglike / max(stats.frames, 1), stats.frames,
+                    time.time() - t0, model.gmm.num_gauss())
 
-    res = _train_iters(model, lang, utts, phone_state, c, c.totgauss, plog,
-                       GraphCache(c.graph_cache_mb))
-    summary = {"kind": "mono", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
-               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
-               "final_loglike_per_frame": res.loglike_per_frame}
-    _write(out_dir, model, lang, res, plog, summary)
+        res, _ = _train_iters(model, pj, c, c.totgauss, plog)
+        summary = {"kind": "mono", "num_pdfs": model.num_pdfs,
+                   "num_gauss": model.gmm.num_gauss(), "utterances": len(utts),
+                   "skipped": len(skipped), "failed": len(res.failed),
+                   "final_loglike_per_frame": res.loglike_per_frame}
+        _write(out_dir, model, lang, pj, plog, summary)
     return summary
 
 
 def train_tri(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
-              cfg: Mapping | None = None) -> dict:
+              cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
     """Triphone training on the alignment of a previous pass in ``ali_dir``."""
     c = GmmConfig.from_config(cfg, **TRI_DEFAULTS)
+    jobs = jobs or JobConfig(nj=c.nj)
     lang = Lang.read(lang_dir)
-    utts, skipped = load_data(data_dir, lang, c.delta_order)
+    utts, skipped, data = _pass_utterances(data_dir, lang)
     ali_dir, out_dir = Path(ali_dir), Path(out_dir)
     plog = _PassLog(out_dir, out_dir.name)
-    utts, prev = _aligned_utterances(utts, skipped, ali_dir, plog, c)
-    model, tsum = _tree_model(utts, prev, lang, ali_dir, c, plog)
-    res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
-                       c, c.num_gauss, plog,
-                       GraphCache(c.graph_cache_mb))
-    summary = {"kind": "tri", "num_pdfs": model.num_pdfs, "num_gauss": model.gmm.num_gauss(),
-               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
-               "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum}
-    _write(out_dir, model, lang, res, plog, summary)
+    utts = _aligned_utterances(utts, skipped, ali_dir, plog, c)
+    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+        pj.prev_ali = str(ali_dir.resolve() / "ali_phone_state.scp")
+        model, tsum, _ = _tree_model(pj, Features(delta_order=c.delta_order), lang, ali_dir, c,
+                                     plog)
+        res, _ = _train_iters(model, pj, c, c.num_gauss, plog)
+        summary = {"kind": "tri", "num_pdfs": model.num_pdfs,
+                   "num_gauss": model.gmm.num_gauss(), "utterances": len(utts),
+                   "skipped": len(skipped), "failed": len(res.failed),
+                   "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum}
+        _write(out_dir, model, lang, pj, plog, summary)
     return summary
 
 
 TRI_DEFAULTS = dict(num_iters=35, realign_iters=[10, 20, 30], max_iter_inc=25)
 
 
-def _aligned_utterances(utts: list[Utterance], skipped: dict[str, str], ali_dir: Path,
-                        plog: _PassLog, c: GmmConfig
-                        ) -> tuple[list[Utterance], dict[str, np.ndarray]]:
+def _aligned_utterances(utts: list[str], skipped: dict[str, str], ali_dir: Path,
+                        plog: _PassLog, c: GmmConfig) -> list[str]:
     """The utterances that have an alignment in ``ali_dir`` (logged: those skipped or without
-    one), and the phone-state alignments; too few is an error."""
-    prev = read_int_table(ali_dir / "ali_phone_state.scp")
+    one; the table's keys only are read here, the jobs check the lengths); too few is an
+    error."""
+    prev = kaldiio.load_scp(str(_existing(ali_dir / "ali_phone_state.scp")))
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
     utts_with_ali = []
     for u in utts:
-        a = prev.get(u.utt)
-        if a is None:
-            plog(f"no alignment for {u.utt} in {ali_dir}")
-        elif len(a) != len(u.feats):
-            raise AsrtrainError(f"{ali_dir / 'ali_phone_state.scp'}: utterance {u.utt} has "
-                                f"{len(a)} frames, its features {len(u.feats)}")
+        if u not in prev:
+            plog(f"no alignment for {u} in {ali_dir}")
         else:
             utts_with_ali.append(u)
     if len(utts_with_ali) < (1 - c.max_fail_fraction) * len(utts):
         raise AsrtrainError(f"{ali_dir}: only {len(utts_with_ali)} of {len(utts)} utterances "
                             "have an alignment")
-    return utts_with_ali, prev
+    return utts_with_ali
 
 
-def _tree_model(utts: list[Utterance], prev: Mapping[str, np.ndarray], lang: Lang,
-                ali_dir: Path, c: GmmConfig, plog: _PassLog) -> tuple[AcousticModel, dict]:
-    """``acc-tree-stats``, ``cluster-phones``, ``build-tree`` and ``gmm-init-model`` on the
-    utterances' features as they are (Δ, LDA or adapted): a model of one Gaussian per leaf,
-    the transitions of the previous pass's model; returns it and the tree's summary."""
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise AsrtrainError(f"{path}: missing")
+    return path
+
+
+def _tree_model(pj: _PassJobs, features: Features, lang: Lang, ali_dir: Path, c: GmmConfig,
+                plog: _PassLog, fmllr_model: str | None = None
+                ) -> tuple[AcousticModel, dict, list[SetupResult]]:
+    """``acc-tree-stats`` (jobs, on ``features``, contexts from the previous alignment, summed
+    in job order), ``cluster-phones``, ``build-tree`` and ``gmm-init-model``: a model of one
+    Gaussian per leaf, the transitions of the previous pass's model; returns it and the tree's
+    summary (and, with ``fmllr_model``, the jobs' results: their speakers' first transforms,
+    estimated with that model before the statistics of the adapted features)."""
     t0 = time.time()
-    stats = TreeStats.accumulate(_ContextItems(utts, prev))
-    mean, var = _global_stats(utts)
+    parts = pj.setup(features, "tree statistics", tree=True, moments=True,
+                     fmllr_model=fmllr_model,
+                     pdf_ali=str(ali_dir.resolve() / "ali.scp") if fmllr_model else None)
+    stats, moments = parts[0].tree, Moments()
+    for i, r in enumerate(parts):
+        if i:
+            stats.add(r.tree)
+        moments.add(r.moments)
+    mean, var = moments.mean_var()
     var_floor = c.var_floor_factor * var
     ps = lang.phones
     sets = [[ps.phones[v] for v in ps.variants(b)] for b in ps.bases]
@@ -380,37 +524,39 @@ def _tree_model(utts: list[Utterance], prev: Mapping[str, np.ndarray], lang: Lan
                  else initial_log_trans(lang))
     model = AcousticModel(tree, gmm, log_trans, c.delta_order, var_floor)
     plog(f"tree built and model initialized in {time.time() - t0:.1f} s")
-    return model, tsum
+    return model, tsum, parts
 
 
 def train_lda_mllt(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
-                   cfg: Mapping | None = None) -> dict:
+                   cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
     """LDA+MLLT triphones (tri3, Kaldi's ``steps/train_lda_mllt.sh``): LDA of CMN'd MFCCs
     spliced ±``left/right_context`` to ``dim`` on the previous pass's pdf alignment (silence
     weighted ``silence_weight``), a tree on the LDA features, then the shared loop with MLLT
     at ``mllt_iters``; the model's ``lda_mllt`` is Kaldi's ``final.mat``."""
     c = GmmConfig.from_config(cfg, **TRI_DEFAULTS, type="lda_mllt")
+    jobs = jobs or JobConfig(nj=c.nj)
     lang = Lang.read(lang_dir)
-    utts, skipped = read_utterances(data_dir, lang)
+    utts, skipped, data = _pass_utterances(data_dir, lang)
     ali_dir, out_dir = Path(ali_dir), Path(out_dir)
     plog = _PassLog(out_dir, out_dir.name)
-    utts, prev = _aligned_utterances(utts, skipped, ali_dir, plog, c)
-    base = {u.utt: u.feats for u in utts}           # CMN'd MFCCs: 52 bytes a frame
+    utts = _aligned_utterances(utts, skipped, ali_dir, plog, c)
     splice = (c.left_context, c.right_context)
-    lda, lda_info = _estimate_lda(utts, prev, ali_dir, lang, splice, c, plog)
-    for u in utts:
-        u.feats = lda_features(base[u.utt], splice, lda)
-    model, tsum = _tree_model(utts, prev, lang, ali_dir, c, plog)
-    model.splice, model.lda_mllt = splice, lda
-    mllt = _MlltUpdate(utts, base, lang, c, plog)
-    res = _train_iters(model, lang, utts, {u.utt: prev[u.utt].astype(np.int64) for u in utts},
-                       c, c.num_gauss, plog, GraphCache(c.graph_cache_mb), mllt)
-    summary = {"kind": "lda_mllt", "num_pdfs": model.num_pdfs,
-               "num_gauss": model.gmm.num_gauss(), "utterances": len(utts),
-               "skipped": len(skipped), "failed": len(res.failed),
-               "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum, "lda": lda_info,
-               "mllt_objf_improvement": mllt.improvements}
-    _write(out_dir, model, lang, res, plog, summary)
+    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+        pj.prev_ali = str(ali_dir.resolve() / "ali_phone_state.scp")
+        lda, lda_info = _estimate_lda(pj, ali_dir, splice, c, plog)
+        np.save(pj.work / "lda.npy", lda)
+        model, tsum, _ = _tree_model(pj, Features(splice=splice,
+                                                  matrix=str(pj.work / "lda.npy")),
+                                     lang, ali_dir, c, plog)
+        model.splice, model.lda_mllt = splice, lda
+        mllt = _MlltUpdate(c, plog)
+        res, _ = _train_iters(model, pj, c, c.num_gauss, plog, mllt=mllt)
+        summary = {"kind": "lda_mllt", "num_pdfs": model.num_pdfs,
+                   "num_gauss": model.gmm.num_gauss(), "utterances": len(utts),
+                   "skipped": len(skipped), "failed": len(res.failed),
+                   "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum,
+                   "lda": lda_info, "mllt_objf_improvement": mllt.improvements}
+        _write(out_dir, model, lang, pj, plog, summary)
     return summary
 
 
@@ -430,30 +576,20 @@ def frame_weights(phone_state: np.ndarray, silence: np.ndarray,
     return np.where(silence[phones], silence_weight, 1.0)
 
 
-def _estimate_lda(utts: list[Utterance], prev: Mapping[str, np.ndarray], ali_dir: Path,
-                  lang: Lang, splice: tuple[int, int], c: GmmConfig, plog: _PassLog
-                  ) -> tuple[np.ndarray, dict]:
-    """``acc-lda`` (classes: the previous pass's pdf ids, silence weighted) and
-    ``est-lda --dim``: the ``[dim, D*(L+1+R)]`` matrix (no offset column, as Kaldi's
-    ``0.mat``) and its figures for the summary."""
+def _estimate_lda(pj: _PassJobs, ali_dir: Path, splice: tuple[int, int], c: GmmConfig,
+                  plog: _PassLog) -> tuple[np.ndarray, dict]:
+    """``acc-lda`` in jobs (classes: the previous pass's pdf ids, silence weighted; summed in
+    job order as ``sum-lda-accs``) and ``est-lda --dim``: the ``[dim, D*(L+1+R)]`` matrix (no
+    offset column, as Kaldi's ``0.mat``) and its figures for the summary."""
     t0 = time.time()
-    pdfs = read_int_table(ali_dir / "ali.scp")
     num_classes = int((ali_dir / "num_pdfs").read_text().split()[0])
-    spliced_dim = utts[0].feats.shape[1] * (splice[0] + 1 + splice[1])
-    device = torch.device(c.device)
-    stats = LdaStats.zeros(num_classes, spliced_dim, device)
-    silence = silence_phone_mask(lang)
-    for u in utts:
-        pdf = pdfs.get(u.utt)
-        if pdf is None or len(pdf) != len(u.feats):
-            continue
-        w = frame_weights(prev[u.utt], silence, c.silence_weight)
-        keep = w > 0
-        x = splice_frames(torch.from_numpy(u.feats).to(device), *splice)[
-            torch.from_numpy(keep).to(device)]
-        stats.accumulate(x, torch.from_numpy(pdf[keep].astype(np.int64)).to(device),
-                         torch.from_numpy(w[keep]).to(device))
+    parts = pj.setup(Features(), "LDA statistics", lda=(num_classes, *splice),
+                     pdf_ali=str(_existing(ali_dir / "ali.scp").resolve()))
+    stats = parts[0].lda
+    for r in parts[1:]:
+        stats.add(r.lda)
     res = estimate_lda(stats, c.dim)
+    spliced_dim = stats.dim
     info = {"dim": c.dim, "spliced_dim": spliced_dim, "classes": int((stats.count > 0).sum()),
             "frames": float(stats.count.sum()), "seconds": round(time.time() - t0, 3),
             "top_eigenvalues": [round(float(v), 4) for v in res.eigenvalues[:5].tolist()]}
@@ -490,42 +626,25 @@ def frame_batches(items: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], fr
 
 
 class _MlltUpdate:
-    """The LDA+MLLT pass's iteration hook (``gmm-acc-mllt``, ``est-mllt``,
-    ``gmm-transform-means``, ``compose-transforms``): at ``mllt_iters``, MLLT statistics from
-    the current alignment (silence weighted), the transform composed into the model's
-    ``lda_mllt`` and applied to its means, the features recomputed from the CMN'd MFCCs and the
-    variance floor from their new global variance."""
+    """The LDA+MLLT pass's update at ``mllt_iters`` (``est-mllt``, ``gmm-transform-means``,
+    ``compose-transforms``) from the jobs' ``gmm-acc-mllt`` statistics (summed in job order):
+    the transform composed into the model's ``lda_mllt`` and applied to its means; the jobs
+    then accumulate on the new features and give their moments for the variance floor."""
 
-    def __init__(self, utts: list[Utterance], base: Mapping[str, np.ndarray], lang: Lang,
-                 c: GmmConfig, plog: _PassLog) -> None:
-        self.utts, self.base, self.c, self.plog = utts, base, c, plog
-        self.silence = silence_phone_mask(lang)
+    def __init__(self, c: GmmConfig, plog: _PassLog) -> None:
+        self.c, self.plog = c, plog
         self.improvements: list[float] = []
 
-    def __call__(self, it: int, model: AcousticModel, phone_state: dict[str, np.ndarray]
-                 ) -> dict | None:
-        if it not in self.c.mllt_iters:
-            return None
+    def __call__(self, it: int, model: AcousticModel, parts: list[IterResult]) -> dict:
         t0 = time.time()
-        device = torch.device(self.c.device)
-        gmm = model.gmm.to(device)
-        stats = MlltStats.zeros(gmm.dim, device)
-        batches = frame_batches(self._frames(model, phone_state),
-                                batch_frames(gmm, self.c.max_batch_mb))
-        for feats, pdf, w in tqdm(batches, desc=f"{self.plog.name} iter {it}: MLLT",
-                                  unit="batch", file=sys.stderr, disable=None, leave=False):
-            x = torch.from_numpy(feats).to(device)
-            post = component_posteriors(gmm, x, torch.from_numpy(pdf).to(device),
-                                        torch.from_numpy(w).to(device))
-            stats.accumulate(x, post, self.c.max_batch_mb)
+        stats = parts[0].mllt
+        for p in parts[1:]:
+            stats.add(p.mllt)
         est = estimate_mllt(stats)
         m = est.matrix.cpu()
         g = model.gmm
         model.gmm = DiagGmmSet(transform_means(g.means, m), g.vars, g.log_weights)
         model.lda_mllt = compose(m, torch.from_numpy(model.lda_mllt)).numpy()
-        for u in self.utts:
-            u.feats = model_features(model, self.base[u.utt])
-        model.var_floor = self.c.var_floor_factor * _global_stats(self.utts)[1]
         self.improvements.append(est.improvement)
         logdet = float(torch.linalg.slogdet(m)[1])
         self.plog(f"iter {it}: MLLT objective +{est.improvement:.4f} per frame over "
@@ -533,27 +652,18 @@ class _MlltUpdate:
         return {"mllt_objf_improvement": est.improvement, "mllt_logdet": logdet,
                 "mllt_seconds": round(time.time() - t0, 3)}
 
-    def _frames(self, model: AcousticModel, phone_state: Mapping[str, np.ndarray]):
-        """Per aligned utterance: its non-silence (weight > 0) frames, their pdfs, weights."""
-        for u in self.utts:
-            ps = phone_state.get(u.utt)
-            if ps is None:
-                continue
-            w = frame_weights(ps, self.silence, self.c.silence_weight)
-            keep = w > 0
-            yield u.feats[keep], pdfs_of(model.tree, frame_contexts(ps))[keep], w[keep]
 
-
-def _write(out_dir: Path, model: AcousticModel, lang: Lang, res: AlignResult, plog: _PassLog,
+def _write(out_dir: Path, model: AcousticModel, lang: Lang, pj: _PassJobs, plog: _PassLog,
            summary: dict, transforms: Mapping[str, np.ndarray] | None = None,
            alignment_model: AcousticModel | None = None) -> None:
-    """The pass's directory, atomically: model (and ``final.alimdl``), alignments, speaker
-    transforms (``trans.{ark,scp}``) when given, ``log.txt``, ``passes.json``."""
+    """The pass's directory, atomically: model (and ``final.alimdl``), alignments (the jobs'
+    parts merged in utterance order), speaker transforms (``trans.{ark,scp}``) when given,
+    ``log.txt``, ``passes.json``."""
     with atomic_dir(out_dir) as tmp:
         model.save(tmp, lang.phones.phones.id2sym)
         if alignment_model is not None:
             alignment_model.save_alignment_model(tmp)
-        write_alignments(tmp, res)
+        merge_alignments(tmp, pj.alignment_parts())
         if transforms is not None:
             write_transforms(tmp, transforms)
         plog.write(tmp, summary)
@@ -565,50 +675,57 @@ def _write(out_dir: Path, model: AcousticModel, lang: Lang, res: AlignResult, pl
 
 
 def align_data(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
-               cfg: Mapping | None = None) -> dict:
+               cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
     """Align a data dir with a trained model (Kaldi's ``steps/align_si.sh``): ``out_dir`` gets
     the model (copied), ``ali.{ark,scp}``, ``ali_phone_state.{ark,scp}``, ``log.txt``,
     ``passes.json``; the next ``train_tri`` can start from it.  A SAT model is aligned with
     fMLLR (:func:`asrtrain.align.sat.align_fmllr`, Kaldi's ``steps/align_fmllr.sh``)."""
     c = GmmConfig.from_config(cfg)
+    jobs = jobs or JobConfig(nj=c.nj)
     lang = Lang.read(lang_dir)
     model = AcousticModel.load(model_dir)
     if model.sat:
         from asrtrain.align.sat import align_fmllr  # sat builds on this module
 
-        return align_fmllr(data_dir, lang_dir, model_dir, out_dir, cfg)
-    utts, skipped = load_data(data_dir, lang, model)
+        return align_fmllr(data_dir, lang_dir, model_dir, out_dir, cfg, jobs)
+    utts, skipped, data = _pass_utterances(data_dir, lang)
     out_dir = Path(out_dir)
     plog = _PassLog(out_dir, f"align {Path(model_dir).name}")
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
-    res = align(model, lang, utts, asdict(c), desc=f"align {Path(data_dir).name}")
-    check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
-    for utt, why in sorted(res.failed.items()):
-        plog(f"failed {utt}: {why}")
-    plog.record(0, res, res.loglike_per_frame, res.frames, res.seconds, model.gmm.num_gauss())
-    summary = {"kind": "align", "model": str(model_dir), "num_pdfs": model.num_pdfs,
-               "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
-               "final_loglike_per_frame": res.loglike_per_frame}
-    _write(out_dir, model, lang, res, plog, summary)
+    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+        model_file = str(Path(model_dir).resolve() / "final.mdl")
+        parts = pj.run(iter_job, lambda p: IterJob(p, model_file, "viterbi", what=("final",),
+                                                   cfg=pj.cfg), "align")
+        res = _align_result(parts)
+        check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
+        for utt, why in sorted(res.failed.items()):
+            plog(f"failed {utt}: {why}")
+        plog.record(0, res, res.loglike_per_frame, res.frames, res.seconds,
+                    model.gmm.num_gauss())
+        summary = {"kind": "align", "model": str(model_dir), "num_pdfs": model.num_pdfs,
+                   "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
+                   "final_loglike_per_frame": res.loglike_per_frame}
+        _write(out_dir, model, lang, pj, plog, summary)
     return summary
 
 
 def train_pass(data_dir: Path, lang_dir: Path, ali_dir: Path | None, out_dir: Path,
-               cfg: Mapping | None = None) -> dict:
+               cfg: Mapping | None = None, jobs: JobConfig | None = None) -> dict:
     """One pass of ``align.passes``: mono when it starts from nothing (``ali_dir`` None),
     else by its ``type``: ``deltas`` (train_deltas.sh), ``lda_mllt`` (train_lda_mllt.sh),
-    ``sat`` (train_sat.sh).  Returns the pass's summary."""
+    ``sat`` (train_sat.sh).  ``jobs``: how its jobs run (default: ``nj`` of ``cfg``, here).
+    Returns the pass's summary."""
     if ali_dir is None:
-        return train_mono(data_dir, lang_dir, out_dir, cfg)
+        return train_mono(data_dir, lang_dir, out_dir, cfg, jobs)
     kind = GmmConfig.from_config(cfg).type
     if kind == "lda_mllt":
-        return train_lda_mllt(data_dir, lang_dir, ali_dir, out_dir, cfg)
+        return train_lda_mllt(data_dir, lang_dir, ali_dir, out_dir, cfg, jobs)
     if kind == "sat":
         from asrtrain.align.sat import train_sat  # sat builds on this module
 
-        return train_sat(data_dir, lang_dir, ali_dir, out_dir, cfg)
-    return train_tri(data_dir, lang_dir, ali_dir, out_dir, cfg)
+        return train_sat(data_dir, lang_dir, ali_dir, out_dir, cfg, jobs)
+    return train_tri(data_dir, lang_dir, ali_dir, out_dir, cfg, jobs)
 
 
 def import_kaldi_alignment(kaldi_dir: Path, out_dir: Path, num_pdfs: int | None = None) -> int:

@@ -292,7 +292,7 @@ def build_tree(stats: TreeStats, root_of: dict[int, int], phone_questions: list[
         for key, m in masks.items():
             sub = m[:, idx].astype(np.float64)          # [Q, K]
             yes = sub @ data[idx]
-            no = total[None, :] - yes
+            no = (1.0 - sub) @ data[idx]   # summed as yes is: complementary questions tie exactly
             okq = (yes[:, 0] >= min_count) & (no[:, 0] >= min_count)
             if not okq.any():
                 continue
