@@ -4,7 +4,9 @@
 
 Writes bench/results/<name>.json and <name>.png (figures, not asserts):
   straggler  8 learners, one slowed 1x/2x/4x/8x: aggregate samples/s of each registered backend
-             against the ideal (the sum of the learners' own rates).
+             against the ideal (the sum of the learners' own rates). A model, not the trainer:
+             the slow learner is given fewer steps and sleeps instead of computing, so nothing
+             waits at an epoch's end; bench/straggler.py measures the real trainer.
   scaling    1, 2, 4, 8 learners, each registered backend: throughput / (N x one learner).
   consensus  16 learners, zero learning rate: measured consensus distance per gossip round against
              the sqrt((1 - gap)^t) bound the topology predicts, for the fixed and randomized ring.

@@ -6,6 +6,7 @@ learners in the same order)::
     backend = build_backend(TrainerConfig.from_config(cfg.trainer))   # joins the torchrun group
     model.to(backend.device); optimizer = ...     # shard data with backend.data_rank/data_world
     steps = backend.agree_min(len(my_batches))    # ssgd/hadpsgd: equal steps everywhere
+    claim = backend.claims(epoch)                 # or (adpsgd, hadpsgd) claim units of one order
     backend.setup(model, optimizer, global_samples=resumed_samples)   # collective
     log(backend.describe())                       # backend, topology, spectral gap
     for step, batch in enumerate(batches):
@@ -40,6 +41,7 @@ from asrtrain import AsrtrainError
 from asrtrain.distributed.streams import NullStream
 
 if TYPE_CHECKING:
+    from asrtrain.distributed.claims import EpochClaims
     from asrtrain.distributed.comm import Comm
     from asrtrain.train.config import TrainerConfig
 
@@ -114,6 +116,18 @@ class Backend(ABC):
         """The smallest ``value`` over learners; collective. Synchronous backends need the same
         number of steps on every learner: ``steps = backend.agree_min(len(my_batches))``."""
         return int(value)
+
+    def claims(self, epoch: int) -> EpochClaims | None:
+        """How this learner takes its part of epoch ``epoch``: None, a fixed shard with as many
+        steps as every other learner (lockstep, and one learner); or claims of the units of the
+        epoch's one order from a shared counter (:mod:`asrtrain.distributed.claims`), so that a
+        fast learner takes more of the epoch."""
+        return None
+
+    def consensus_with_distance(self) -> tuple[dict[str, torch.Tensor], float]:
+        """:meth:`consensus` and the learners' distance to it (:meth:`consensus_distance`), from
+        one drain; collective."""
+        return self.consensus(), 0.0
 
     def describe(self) -> str:
         """A one-line summary of the configuration for the start of the training log."""
@@ -242,6 +256,14 @@ class DistributedBackend(Backend):
         self.drain()
         try:
             return self.distance_to(self.average_state())
+        finally:
+            self.release()
+
+    def consensus_with_distance(self) -> tuple[dict[str, torch.Tensor], float]:
+        self.drain()
+        try:
+            state = self.average_state()
+            return state, self.distance_to(state)
         finally:
             self.release()
 

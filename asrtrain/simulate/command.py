@@ -39,16 +39,16 @@ log = logging.getLogger("asrtrain")
               help="Gossip round interval when idle (default: trainer.gossip_idle_s).")
 @click.option("--log-every", type=int, default=1, show_default=True,
               help="A trajectory point every N gossip rounds (ssgd: steps).")
-@click.option("--sync-every", type=int, default=None,
-              help="All learners wait and drain gossip every N global steps (default: "
-                   "trainer.log_every, as the real trainer does; 0: at epoch ends only).")
+@click.option("--sync-every", type=int, default=0, show_default=True,
+              help="All learners wait and drain gossip every N global steps (0: at epoch ends "
+                   "only, as the real trainer does for adpsgd and hadpsgd).")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="The trajectory (JSON); the final consensus model goes beside it (.pt).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (every trajectory point).")
 def simulate_command(recipe: str, overrides: tuple[str, ...], system: str, learners: int,
                      backend: str | None, per_node: int | None, speed: str, step_s: float,
                      jitter: float, exchange_s: float, idle_s: float | None, log_every: int,
-                     sync_every: int | None, out: str, verbose: bool) -> None:
+                     sync_every: int, out: str, verbose: bool) -> None:
     """Simulate LEARNERS learners training RECIPE's model in one process (docs/science.md)."""
     import torch
 
@@ -64,7 +64,7 @@ def simulate_command(recipe: str, overrides: tuple[str, ...], system: str, learn
     sim_cfg = SimConfig(learners, backend or t.backend, per_node or t.per_node or 1, t.topology,
                         t.delay_by_one, t.epochs, t.seed, speed, step_s, jitter, exchange_s,
                         idle_s if idle_s is not None else t.gossip_idle_s, t.grad_clip,
-                        log_every, t.log_every if sync_every is None else sync_every)
+                        log_every, sync_every)
     sim_cfg.check()
     sim = Simulator(sim_cfg, TaskWorkload(cfg))
     log.info("simulate: %d learners, %s, %s, %d epochs of %s", learners, sim_cfg.backend,

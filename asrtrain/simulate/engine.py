@@ -83,9 +83,9 @@ class SimConfig:
     (:mod:`.speeds`: ``step_s`` seconds a step, ±``jitter``); a pairwise exchange takes
     ``exchange_s``, an idle gossip thread starts a round every ``idle_s``. A point of the
     trajectory every ``log_every`` rounds (SSGD: steps). ``sync_every`` > 0: all learners wait
-    for each other and drain gossip every ``sync_every`` global steps, as the real trainer does
-    at each ``trainer.log_every`` (its consensus distance is collective); 0: at epoch ends
-    only. ``read_at_start``: a step's gradient is taken at the model its member has when the
+    for each other and drain gossip every ``sync_every`` global steps (the real trainer did so at
+    each ``trainer.log_every`` before issue 23); 0: at epoch ends only, as the real trainer
+    does. ``read_at_start``: a step's gradient is taken at the model its member has when the
     step starts, and applied when it ends, as on a real learner (one more vector per member);
     False: both when it ends."""
 

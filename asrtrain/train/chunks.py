@@ -9,7 +9,9 @@ Shuffling without holding a corpus in memory: each learner takes its share of th
 (shuffled with the epoch's seed), reads them in blocks of ``block_utts`` utterances, and shuffles
 the chunks within a block and the blocks' remainders together (Kaldi's egs are shuffled in the
 same spirit). Every learner runs the same number of steps: the minimum over the shards, which all
-learners compute from ``utt2num_frames`` without reading any feature.
+learners compute from ``utt2num_frames`` without reading any feature. Learners that need not keep
+in step (``adpsgd``) instead claim blocks of one plan of the whole set (``plan``'s ``claim``), so a
+fast learner takes more of the epoch and the epoch is still every chunk once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import queue
 import random
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,7 +172,8 @@ class ChunkSet:
         return self._table
 
     def plan(self, seed: int | None, rank: int, world: int, batch_size: int,
-             block_utts: int = 256, steps: int | None = None) -> Iterator[EpochBlock]:
+             block_utts: int = 256, steps: int | None = None,
+             claim: Callable[[int], int | None] | None = None) -> Iterator[EpochBlock]:
         """This learner's epoch as chunk numbers (see :meth:`chunk_table`), block by block.
 
         The one definition of an epoch's order, for the streaming and the resident loaders
@@ -180,7 +183,17 @@ class ChunkSet:
         shuffling the chunks themselves did), and full batches are taken from the front.
         ``steps`` caps the batches; ``seed`` None keeps every chunk in order and ends with the
         partial batch (evaluation).
+
+        ``claim`` (learners that do not keep in step): the plan of the whole set (``rank`` 0 of
+        ``world`` 1, ending with its partial batch) is the epoch's one order, and this learner
+        takes the blocks whose numbers ``claim(number of blocks)`` hands it until it returns
+        None (:class:`asrtrain.distributed.claims.EpochClaims`: a counter all learners share).
+        Such a block's ``utts`` are those its batches' chunks come from (some left over from an
+        earlier block), so the block can be read by itself.
         """
+        if claim is not None:
+            yield from self._claimed(seed, batch_size, block_utts, claim)
+            return
         rng = random.Random(None if seed is None else seed * 7919 + rank)
         first, index = self._first_chunk(), self._index()
         pending: list[int] = []
@@ -206,6 +219,14 @@ class ChunkSet:
         if pending and steps is None:
             yield EpochBlock([], np.asarray(pending, dtype=np.int64)[None])
 
+    def _claimed(self, seed: int | None, batch_size: int, block_utts: int,
+                 claim: Callable[[int], int | None]) -> Iterator[EpochBlock]:
+        blocks = [b.batches for b in self.plan(seed, 0, 1, batch_size, block_utts)]
+        utt_of = self.chunk_table()[0]
+        while (k := claim(len(blocks))) is not None:
+            needed = np.unique(utt_of[blocks[k].ravel()]).tolist()
+            yield EpochBlock([self.utts[i] for i in needed], blocks[k])
+
     def _first_chunk(self) -> list[int]:
         """Number of each utterance's first chunk, and the number of chunks at the end."""
         utt = self.chunk_table()[0]
@@ -215,12 +236,15 @@ class ChunkSet:
         return {u: i for i, u in enumerate(self.utts)}
 
     def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
-                block_utts: int = 256, steps: int | None = None) -> Iterator[ChunkBatch]:
+                block_utts: int = 256, steps: int | None = None,
+                claim: Callable[[int], int | None] | None = None) -> Iterator[ChunkBatch]:
         """This learner's batches for one epoch, streamed from the arks block by block
         (``seed`` None: in order, every chunk); the order is :meth:`plan`'s."""
         first, index = self._first_chunk(), self._index()
         held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for block in self.plan(seed, rank, world, batch_size, block_utts, steps):
+        for block in self.plan(seed, rank, world, batch_size, block_utts, steps, claim):
+            if claim is not None:  # a claimed block is read whole; what it leaves is another's
+                held = {}
             for u in block.utts:
                 k = index[u]
                 for c, piece in zip(range(first[k], first[k + 1]), self.cut(u), strict=True):

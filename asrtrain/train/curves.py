@@ -7,12 +7,15 @@ is learner 0's step. A resumed run opens its writer with ``purge_step`` just pas
 resumes from (that step's epoch points are kept), so what a killed run wrote after its last
 checkpoint is dropped, not drawn twice.
 
-Tags (scalars): ``loss/train`` (mean over learners, every ``log_every`` steps), ``loss/dev`` and
+Tags (scalars): ``loss/train`` (every ``log_every`` steps), ``loss/dev`` and
 ``loss/train_epoch`` (per epoch), ``dev/frame_accuracy`` (hybrid) or ``dev/unit_error_rate``
-(CTC), ``lr``, ``frames_per_s/mean`` and ``frames_per_s/learner_<rank>`` (per learner, this
-epoch so far), and for the gossiping backends ``consensus/distance`` (mean over learners of
-``||x_i - x_bar|| / ||x_bar||``) and ``gossip/exchanges_per_s``, ``gossip/exchanges_per_step``
-(learner 0's pairwise exchanges since the last point). At the end of training
+(CTC), ``lr``, ``frames_per_s/learner_<rank>`` (this epoch so far) and, in lockstep (``ssgd``,
+one learner), ``frames_per_s/mean``: there the step figures are means over learners (an
+allreduce where they meet anyway). The gossiping backends keep collectives off the hot path:
+each learner writes its own step figures, learner ``r`` > 0 into ``learner_<r>/`` beside
+learner 0's, with ``gossip/exchanges_per_s`` and ``gossip/exchanges_per_step`` (its pairwise
+exchanges since the last point); ``consensus/distance`` (mean over learners of
+``||x_i - x_bar|| / ||x_bar||``) is a point per epoch, measured at its end. At the end of training
 :func:`plot_curves` reads the event files back and draws them into ``curves.png`` for people
 without TensorBoard.
 """

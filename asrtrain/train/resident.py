@@ -36,7 +36,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -355,10 +355,12 @@ class ResidentChunks:
 
     # ------------------------------------------------------------------ batches
     def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
-                block_utts: int = 256, steps: int | None = None) -> Iterator[ChunkBatch]:
-        """This learner's batches of one epoch, in :meth:`ChunkSet.plan`'s order: per block one
-        copy of its chunk numbers to the device, per step one gather."""
-        for block in self.chunks.plan(seed, rank, world, batch_size, block_utts, steps):
+                block_utts: int = 256, steps: int | None = None,
+                claim: Callable[[int], int | None] | None = None) -> Iterator[ChunkBatch]:
+        """This learner's batches of one epoch, in :meth:`ChunkSet.plan`'s order (``claim``: the
+        blocks it claims of the whole set's plan): per block one copy of its chunk numbers to
+        the device, per step one gather."""
+        for block in self.chunks.plan(seed, rank, world, batch_size, block_utts, steps, claim):
             if not block.batches.size:
                 continue
             ids = torch.from_numpy(block.batches)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
+from asrtrain.distributed.claims import EpochClaims
 from asrtrain.features.reader import appended_streams, stream_dirs
 from asrtrain.lang.bpe import Units
 from asrtrain.models.checkpoint import ModelCheckpoint
@@ -73,9 +74,14 @@ class CTCTask(Task):
     def steps_per_epoch(self, world: int) -> int:
         return len(shard(self.train_set.batches(self.batch_frames, self.seed), 0, world))
 
-    def epoch(self, epoch: int, rank: int, world: int) -> Iterator:
-        batches = shard(self.train_set.batches(self.batch_frames, self.seed + epoch), rank, world)
-        return iterate(self.train_set, batches)
+    def epoch(self, epoch: int, rank: int, world: int,
+              claim: EpochClaims | None = None) -> Iterator:
+        """This learner's batches of ``epoch``: its shard (as many as every learner's), or with
+        ``claim`` the batches of the whole epoch's order it claims, one at a time."""
+        batches = self.train_set.batches(self.batch_frames, self.seed + epoch)
+        if claim is None:
+            return iterate(self.train_set, shard(batches, rank, world))
+        return iterate(self.train_set, claimed(batches, claim))
 
     @staticmethod
     def samples(batch) -> int:
@@ -159,10 +165,18 @@ class FrameCETask(Task):
     def steps_per_epoch(self, world: int) -> int:
         return self.train_set.steps(self.seed + 1, world, self.batch_size)
 
-    def epoch(self, epoch: int, rank: int, world: int) -> Iterator:
+    def epoch(self, epoch: int, rank: int, world: int,
+              claim: EpochClaims | None = None) -> Iterator:
+        """This learner's batches of ``epoch``: its shard of :meth:`ChunkSet.plan` with as many
+        steps as every learner's, or with ``claim`` the blocks of the whole set's plan it
+        claims. A lockstep node (``claim.members`` > 1) needs units of one size, which blocks
+        are not: it keeps the shards."""
         seed = self.seed + epoch
-        steps = self.train_set.steps(seed, world, self.batch_size)
-        args = (seed, rank, world, self.batch_size, self.block_utts, steps)
+        if claim is not None and claim.members == 1:
+            args = (seed, rank, world, self.batch_size, self.block_utts, None, claim)
+        else:
+            steps = self.train_set.steps(seed, world, self.batch_size)
+            args = (seed, rank, world, self.batch_size, self.block_utts, steps)
         if self.chunk_data == "stream":
             return prefetch(self.train_set.batches(*args))
         return self.resident("train", rank).batches(*args)
@@ -211,6 +225,12 @@ class FrameCETask(Task):
 
     def checkpoint_extra(self) -> dict:
         return {"log_priors": torch.from_numpy(self.priors), "chunk": self.train_set.chunk}
+
+
+def claimed(units: list, claim: EpochClaims) -> Iterator:
+    """The units of ``units`` (an epoch's order) that ``claim`` hands this learner."""
+    while (k := claim(len(units))) is not None:
+        yield units[k]
 
 
 def describe_features(feats: DictConfig) -> str:

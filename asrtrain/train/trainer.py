@@ -3,12 +3,19 @@
 Per step: forward, the task's loss (CTC, or frame CE on chunks), backward,
 ``backend.after_backward`` (gradient reduction for
 synchronous backends), gradient clipping, ``backend.optimizer_step``, ``backend.after_step``.
-The learning rate follows the backend's count of samples seen by all learners. At the end of
-each epoch the consensus model (the average of the learners, after in-flight exchanges drained)
-is evaluated on the dev set by all learners together and checkpointed by learner 0, which then
-deletes the checkpoints ``trainer.keep_checkpoints`` no longer keeps. Learner 0 also writes the
-training curves (:mod:`asrtrain.train.curves`: TensorBoard events in the model dir, and
-``curves.png`` at the end). The trainer's settings are read from
+The learning rate follows the backend's count of samples seen by all learners. An epoch is the
+training set once across all learners: in lockstep (``ssgd``, one learner) each learner takes its
+shard, as many steps as every other; otherwise (``adpsgd``, ``hadpsgd``) each learner, or node,
+claims the units of the epoch's one order from a shared counter (``backend.claims``), so a fast
+learner takes more of it. At the end of each epoch, where the learners meet, the consensus model
+(the average of the learners, after in-flight exchanges drained) and the learners' distance to it
+are computed, the model is evaluated on the dev set by all learners together and checkpointed by
+learner 0, which then deletes the checkpoints ``trainer.keep_checkpoints`` no longer keeps.
+Learner 0 also writes the training curves (:mod:`asrtrain.train.curves`: TensorBoard events in
+the model dir, and ``curves.png`` at the end). Every ``log_every`` steps the lockstep backends
+average the loss and rates over learners (an allreduce, where they meet anyway); the others keep
+the hot path free of collectives: each learner writes its own figures (learner ``r`` > 0 into
+``learner_<r>/`` of the model dir). The trainer's settings are read from
 :class:`asrtrain.train.config.TrainerConfig` (defaults and checks there).
 
 ``trainer.precision=bf16`` runs the forward pass and the loss's inputs under autocast
@@ -87,9 +94,10 @@ class _Run:
     optimizer: torch.optim.Optimizer
     gen: torch.Generator  # this learner's SpecAugment draws (saved with its optimizer)
     out_dir: Path
-    curves: Curves | None = None        # learner 0's event writer
-    gossip: _GossipMeter | None = None  # learner 0's gossip exchanges (adpsgd, hadpsgd)
+    curves: Curves | None = None        # learner 0's event writer (every learner's: own)
+    gossip: _GossipMeter | None = None  # this writer's gossip exchanges (adpsgd, hadpsgd)
     dev_losses: dict[int, float] = field(default_factory=dict)  # learner 0: per epoch kept
+    started: float = field(default_factory=time.monotonic)  # this process's training start
 
 
 @dataclass
@@ -125,6 +133,7 @@ class _Epoch:
 
     steps: int
     frames: int
+    samples: int
     loss_sum: float
     seconds: float
 
@@ -141,7 +150,7 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
                Path(cfg.train_dir))
     start_epoch, resumed_samples = _resume(run)
     backend.setup(model, run.optimizer, global_samples=resumed_samples)
-    per_epoch = task.steps_per_epoch(backend.data_world)
+    per_epoch = task.steps_per_epoch(backend.data_world)  # claiming learners: the mean
     schedule = LRSchedule.from_config(tcfg, task.samples_per_epoch)
     if backend.is_main:
         n_params = sum(p.numel() for p in model.parameters())
@@ -149,14 +158,20 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
         log.info("model: %s, %.2fM parameters, %d inputs, %d outputs",
                  OmegaConf.to_container(cfg.model), n_params / 1e6, task.input_dim,
                  task.output_dim)
-        log.info("%s; about %d steps per epoch per learner", task.describe(), per_epoch)
+        log.info("%s; about %d steps per epoch per learner%s", task.describe(), per_epoch,
+                 "" if _shared_figures(backend) else " (claimed from the epoch's one order: a "
+                 "faster learner takes more)")
         log.info("precision %s%s", tcfg.precision,
                  f" (autocast on {backend.device.type}; weights, gradients, optimizer state and "
                  "loss in fp32)" if tcfg.precision == "bf16" else "")
     step = start_epoch * per_epoch
     if backend.is_main:
         run.curves = Curves(run.out_dir, step)
+    elif not _shared_figures(backend):
+        run.curves = Curves(run.out_dir / f"learner_{backend.rank}", step)
+    if run.curves is not None:
         run.gossip = _GossipMeter.of(backend, step)
+    run.started = time.monotonic()
     try:
         for epoch in range(start_epoch + 1, tcfg.epochs + 1):
             figures = _train_epoch(run, epoch, step, per_epoch, schedule)
@@ -233,9 +248,12 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
     bar = tqdm(total=per_epoch, desc=f"epoch {epoch}/{tcfg.epochs}", unit="batch",
                disable=None if backend.is_main else True, leave=False)  # no bar off a TTY
     t0 = time.time()
-    steps = frames = 0
+    steps = frames = samples = 0
     loss_sum = 0.0
-    for batch in run.task.epoch(epoch, backend.data_rank, backend.data_world):
+    claim = backend.claims(epoch)
+    batches = (run.task.epoch(epoch, backend.data_rank, backend.data_world) if claim is None
+               else run.task.epoch(epoch, backend.data_rank, backend.data_world, claim=claim))
+    for batch in batches:
         lr = schedule(backend.global_samples())  # all learners' samples, before a resume too
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -258,6 +276,7 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
         step += 1
         steps += 1
         frames += batch.frames
+        samples += run.task.samples(batch)
         loss_sum += loss_value
         bar.update()
         if step % tcfg.log_every == 0:
@@ -265,12 +284,22 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
             bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", fps=f"{rate:.0f}")
             _log_point(run, epoch, step, loss_value, lr, rate)
     bar.close()
-    return _Epoch(steps, frames, loss_sum, time.time() - t0)
+    return _Epoch(steps, frames, samples, loss_sum, time.time() - t0)
+
+
+def _shared_figures(backend: Backend) -> bool:
+    """Whether the step figures are averaged over learners (lockstep: they meet every step
+    anyway) rather than written by each learner for itself."""
+    return backend.lockstep == "all" or backend.world_size == 1
 
 
 def _log_point(run: _Run, epoch: int, step: int, loss: float, lr: float, rate: float) -> None:
-    """Every ``log_every`` steps (collective): the log line and a point of every step curve."""
+    """Every ``log_every`` steps: the log line and a point of every step curve; collective in
+    lockstep (:func:`_shared_figures`), this learner's own figures otherwise."""
     backend = run.backend
+    if not _shared_figures(backend):
+        _own_point(run, epoch, step, loss, lr, rate)
+        return
     distance = backend.consensus_distance()
     # Each learner's rate under its own key: the mean of the others' zeros times the learners.
     shared = backend.reduce_mean({"loss": loss, **{
@@ -291,10 +320,27 @@ def _log_point(run: _Run, epoch: int, step: int, loss: float, lr: float, rate: f
         run.curves.add(step, scalars)
 
 
+def _own_point(run: _Run, epoch: int, step: int, loss: float, lr: float, rate: float) -> None:
+    """This learner's figures, with no collective: its log line (learner 0) and curves."""
+    backend = run.backend
+    scalars = {"loss/train": loss, "lr": lr, f"frames_per_s/learner_{backend.rank}": rate}
+    if run.gossip is not None:
+        scalars.update(run.gossip.rates(step))
+    if backend.is_main:
+        log.info("epoch %d step %d: learner 0: loss %.4f lr %.3e %.0f frames/s%s", epoch, step,
+                 loss, lr, rate, f", {scalars['gossip/exchanges_per_s']:.1f} gossip exchanges/s"
+                 if run.gossip is not None else "")
+    if run.curves is not None:
+        run.curves.add(step, scalars)
+
+
 def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
-    """Evaluate the consensus model on the dev set (all learners) and write the checkpoints."""
+    """Evaluate the consensus model on the dev set (all learners) and write the checkpoints;
+    where learners do not keep in step, measure their distance to the consensus here, where they
+    meet anyway, and record each one's share of the epoch."""
     backend, task = run.backend, run.task
-    state = backend.consensus()
+    shared = _shared_figures(backend)
+    state, distance = (backend.consensus(), 0.0) if shared else backend.consensus_with_distance()
     dev_model = copy.deepcopy(run.model)
     dev_model.load_state_dict(state)
     dev_model.eval()
@@ -302,6 +348,9 @@ def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
     del dev_model
     sums.update(train_loss=figures.loss_sum, train_steps=figures.steps,
                 frames_per_second=figures.frames / max(figures.seconds, 1e-9))
+    if backend.world_size > 1:  # each learner's samples under its own key: zeros but one
+        sums.update({f"samples_learner_{r}": figures.samples if r == backend.rank else 0
+                     for r in range(backend.world_size)})
     # Every learner writes its state before the collective below: once learner 0 is past it,
     # this epoch is on disk whole, and older checkpoints may go.
     checkpoint.save({"optimizer": run.optimizer.state_dict(),
@@ -311,7 +360,15 @@ def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
     summary = {"epoch": epoch, "train_loss": means["train_loss"] / max(means["train_steps"], 1),
                **task.summarize(means),
                "frames_per_second_per_learner": means["frames_per_second"],
-               "epoch_seconds": figures.seconds, "global_samples": backend.global_samples()}
+               "epoch_seconds": figures.seconds, "global_samples": backend.global_samples(),
+               # all learners are past this epoch's training here: the run's time so far
+               "run_seconds": time.monotonic() - run.started}
+    if not shared:
+        summary["consensus_distance"] = distance
+    if backend.world_size > 1:
+        summary.update({f"samples_learner_{r}": round(means[f"samples_learner_{r}"] *
+                                                      backend.world_size)
+                        for r in range(backend.world_size)})
     if backend.is_main:
         ckpt = task.model_checkpoint(run.cfg, state, epoch=epoch,
                                      global_samples=backend.global_samples(), metrics=summary)
@@ -335,11 +392,14 @@ def _keep_checkpoints(run: _Run, epoch: int, dev_loss: float) -> None:
 
 
 def _epoch_curves(run: _Run, step: int, summary: dict[str, float]) -> None:
-    """The epoch's points of the curves: dev loss and metric, the epoch's train loss."""
+    """The epoch's points of the curves: dev loss and metric, the epoch's train loss, and the
+    consensus distance where it is measured."""
     if run.curves is None:
         return
     dev = {f"dev/{k[len('dev_'):]}": v for k, v in summary.items()
            if k.startswith("dev_") and k != "dev_loss"}
+    if "consensus_distance" in summary:  # measured at the epoch's end (gossiping backends)
+        dev["consensus/distance"] = summary["consensus_distance"]
     run.curves.add(step, {"loss/dev": summary["dev_loss"],
                           "loss/train_epoch": summary["train_loss"], **dev})
     run.curves.flush()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import DistributedBackend
+from asrtrain.distributed.claims import EpochClaims, default_store
 from asrtrain.distributed.gossip import (
     Gossip,
     drain_gossip,
@@ -66,6 +67,9 @@ class ADPSGDBackend(DistributedBackend):
 
     def global_samples(self) -> int:
         return self.start_samples + self._gossip().global_samples()
+
+    def claims(self, epoch: int) -> EpochClaims:
+        return EpochClaims(default_store(), epoch)
 
     def gossip_exchanges(self) -> int | None:
         """Pairwise exchanges this learner's gossip finished (None: it does not gossip); read

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from asrtrain import AsrtrainError
 from asrtrain.distributed.allreduce import GradientAllreduce
 from asrtrain.distributed.backend import DistributedBackend
+from asrtrain.distributed.claims import EpochClaims, default_store
 from asrtrain.distributed.comm import add_flat_, common_dtype
 from asrtrain.distributed.gossip import (
     Gossip,
@@ -136,6 +137,13 @@ class HADPSGDBackend(DistributedBackend):
             assert self.gossip is not None
             return self.start_samples + self.gossip.global_samples()
         return self.start_samples + self._global
+
+    def claims(self, epoch: int) -> EpochClaims | None:
+        """A node claims together (its members step in lockstep); one node is SSGD: shards."""
+        if self.nodes == 1:
+            return None
+        return EpochClaims(default_store(), epoch, self.per_node, self.rank - self.leader,
+                           self.node)
 
     def drain(self) -> None:
         """Finish in-flight gossip everywhere (:func:`drain_gossip`) and share it in nodes."""

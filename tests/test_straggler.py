@@ -1,0 +1,153 @@
+"""Epochs by global progress (issue 23): learners that do not keep in step claim the units of one
+epoch order from a shared counter, so a slow learner takes less of the epoch, and the epoch is
+still the whole set once. Behaviour only: no test here asserts a time."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import straggler  # bench/straggler.py (conftest puts bench/ on the path)
+import torch
+from test_chunks import _tagged
+
+from asrtrain.distributed.claims import EpochClaims
+from asrtrain.train.chunks import ChunkSet
+from asrtrain.train.resident import ResidentChunks
+from asrtrain.train.tasks import claimed
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class DictStore:
+    """The store operations claims use, in memory (what torchrun's TCPStore does, one process)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int | str] = {}
+
+    def add(self, key: str, n: int) -> int:
+        self.values[key] = int(self.values.get(key, 0)) + n
+        return int(self.values[key])
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def get(self, key: str) -> bytes:
+        return str(self.values[key]).encode()
+
+
+def _interleave(iters: list, pace: list[int]) -> list[list]:
+    """Pull from each iterator ``pace[i]`` items per round until all end (learners of unequal
+    speed sharing one counter): what each one got."""
+    got: list[list] = [[] for _ in iters]
+    live = set(range(len(iters)))
+    while live:
+        for i in sorted(live):
+            for _ in range(pace[i]):
+                try:
+                    got[i].append(next(iters[i]))
+                except StopIteration:
+                    live.discard(i)
+                    break
+    return got
+
+
+@pytest.mark.parametrize("loader", ["stream", "resident"])
+def test_claimed_blocks_cover_the_epoch_once_and_the_fast_learner_takes_more(
+        tmp_path: Path, loader: str) -> None:
+    lengths = [30, 47, 63, 64, 12, 100, 80, 90, 21, 5, 44, 70, 33, 58]
+    data, ali = _tagged(tmp_path, lengths)
+    cs = ChunkSet(data, ali, chunk=21)
+    source = cs if loader == "stream" else ResidentChunks(cs, "cpu")
+    store = DictStore()
+    iters = [iter(source.batches(5, r, 2, 4, block_utts=2, claim=EpochClaims(store, 1)))
+             for r in range(2)]
+    fast, slow = _interleave(iters, [3, 1])
+    seen = []
+    for batch in fast + slow:
+        for f, n in zip(batch.feats, batch.lengths, strict=True):
+            n = int(n)
+            # each chunk's rows say (frame, utterance): the chunk, by its utterance and start
+            seen.append((int(f[0, 1]), int(f[0, 0]), n))
+    # the whole set's plan once: every chunk, none twice, the last partial batch included
+    assert len(seen) == len(set(seen)) == len(cs)
+    assert sum(b.samples for b in fast) > 2 * sum(b.samples for b in slow)
+    # the same chunks as the plan of the whole set, in the same batches
+    whole = [tuple(sorted(b)) for blk in cs.plan(5, 0, 1, 4, 2) for b in blk.batches.tolist()]
+    assert len(whole) == len(fast) + len(slow)
+
+
+def test_lockstep_shards_are_unchanged_by_claims(tmp_path: Path) -> None:
+    """ssgd's batches for a seed: the shards of before, whatever the claim path added."""
+    data, ali = _tagged(tmp_path, [30, 47, 63, 64, 12, 100, 80, 90, 21])
+    cs = ChunkSet(data, ali, chunk=21)
+    steps = cs.steps(7, 2, 2)
+    for r in range(2):
+        plan = [b.batches for b in cs.plan(7, r, 2, 2, 2, steps)]
+        again = [b.batches for b in cs.plan(7, r, 2, 2, 2, steps, None)]
+        assert all(np.array_equal(a, b) for a, b in zip(plan, again, strict=True))
+        assert sum(len(b) for b in plan) == steps
+
+
+def test_ctc_batches_claimed_once_and_nodes_claim_together() -> None:
+    units = [[i] for i in range(11)]
+    store = DictStore()
+    a, b = claimed(units, EpochClaims(store, 3)), claimed(units, EpochClaims(store, 3))
+    fast, slow = _interleave([a, b], [2, 1])
+    assert sorted(fast + slow) == units and len(fast) > len(slow)
+    # a lockstep node of two: consecutive units, its members take one each; a claim that is
+    # not whole ends the node's epoch for both (at most members - 1 units left out)
+    store = DictStore()
+    leader, member = EpochClaims(store, 1, 2, 0, 0), EpochClaims(store, 1, 2, 1, 0)
+    other = EpochClaims(store, 1, 2, 0, 1)
+    got = []
+    for claims in (leader, member, other, other, leader, member, leader, member):
+        got.append(claims(7))
+    # node 0: units 0, 1; node 1: 2 (and 3), 4 (and 5); then 6 alone is not a whole claim
+    assert got == [0, 1, 2, 4, None, None, None, None]
+
+
+@pytest.mark.timeout(600)
+def test_a_slowed_adpsgd_learner_takes_less_of_each_epoch(tmp_path: Path) -> None:
+    """The real trainer, two adpsgd learners, learner 1 stopped 75% of every 200 ms from outside
+    (SIGSTOP/SIGCONT): learner 0 trains more of each epoch, and each epoch is the training set
+    once between them."""
+    exp = tmp_path / "exp"
+    common = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.log_every=5",
+              "trainer.batch_frames=1500", "nj=2"]
+    prep = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                           f"exp_dir={exp}", "--to", "features", *common], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                             f"exp_dir={exp}", "--stage", "train", "--to", "train", *common,
+                             "trainer.epochs=2", "trainer.backend=adpsgd",
+                             "trainer.learners=2"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    stop = threading.Event()
+    pid = straggler.learner_pid(proc.pid, 1)
+    assert pid is not None
+    slower = threading.Thread(target=straggler.slow_down, args=(pid, 4, stop), daemon=True)
+    slower.start()
+    try:
+        out, _ = proc.communicate(timeout=500)
+    finally:
+        stop.set()
+        slower.join()
+    assert proc.returncode == 0, out[-3000:]
+    utts = int(re.search(r"(\d+) training utterances", out).group(1))
+    for epoch in (1, 2):
+        m = torch.load(exp / "train" / "blstm_tiny" / f"epoch-{epoch}.pt", map_location="cpu",
+                       weights_only=False)["metrics"]
+        fast, slow = m["samples_learner_0"], m["samples_learner_1"]
+        assert fast + slow == utts          # the whole set, once
+        assert fast > slow                  # the fast learner took more of it
+        assert m["global_samples"] == epoch * utts
+        assert m["consensus_distance"] > 0  # measured at the epoch's end
