@@ -293,8 +293,9 @@ def size_of(stage: str, size: dict) -> float:
 
 
 def growth(sizes: list[dict]) -> dict:
-    """Per stage, fitted over the sizes: CPU seconds of the stage process and of its jobs, and
-    the peak RSS of each, as fixed + per hour; the exponents of total CPU and peak RSS."""
+    """Per stage, fitted over the sizes: CPU seconds of the stage process and of its jobs, the
+    peak RSS of its largest process (and of the stage process and its largest job at their
+    report), as fixed + per hour; the exponents of total CPU and peak RSS."""
     out = {}
     for stage in STAGES:
         xs = [size_of(stage, s) for s in sizes]
@@ -302,7 +303,8 @@ def growth(sizes: list[dict]) -> dict:
         fit: dict = {"size": "test hours" if stage == "decode_hybrid" else "training hours",
                      "cpu_exponent": exponent(xs, [m["cpu_s"] for m in ms]),
                      "rss_exponent": exponent(xs, [m["peak_rss_mb"] for m in ms])}
-        for part in ("self_cpu_s", "children_cpu_s", "self_rss_mb", "children_rss_mb"):
+        for part in ("self_cpu_s", "children_cpu_s", "peak_rss_mb", "self_rss_mb",
+                     "children_rss_mb"):
             fixed, per_hour = linear(xs, [m[part] for m in ms])
             fit[part] = {"fixed": fixed, "per_hour": per_hour}
         out[stage] = fit
@@ -408,8 +410,7 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
             amount = EVAL2000_HOURS if stage == "decode_hybrid" else hours
             f = fit[stage]
             stage_hours[stage] = stage_seconds(f, amount, ref["cores"], jobs) / 3600
-            peak_gb[stage] = round(max(at(f["self_rss_mb"], amount),
-                                       at(f["children_rss_mb"], amount)) / 1024, 2)
+            peak_gb[stage] = round(at(f["peak_rss_mb"], amount) / 1024, 2)
             share = parallel_share(f)
             basis[stage] = (f"fitted: {share:.2f} of the growing CPU time in jobs "
                             f"(/ min({ref['cores']}, {jobs})), the rest in one process")

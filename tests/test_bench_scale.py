@@ -65,6 +65,7 @@ def fitted(own: float, jobs: float, rss_mb: float = 100.0) -> dict:
     """A stage's fit: ``own`` and ``jobs`` CPU seconds per hour, nothing fixed."""
     return {"self_cpu_s": {"fixed": 0.0, "per_hour": own},
             "children_cpu_s": {"fixed": 0.0, "per_hour": jobs},
+            "peak_rss_mb": {"fixed": rss_mb, "per_hour": 1.0},
             "self_rss_mb": {"fixed": rss_mb, "per_hour": 1.0},
             "children_rss_mb": {"fixed": 50.0, "per_hour": 0.5}}
 
@@ -87,7 +88,7 @@ def test_projection_divides_only_the_jobs_part() -> None:
     assert proj["swb300"]["stage_hours"]["features"] == pytest.approx(
         36.0 * 300 / 32 / 3600, abs=1e-3)
     assert proj["swb2000"]["stage_hours"]["lm"] == pytest.approx(36.0 * 2000 / 3600, abs=1e-3)
-    # peak GB per process from the fitted slope: the larger of the process and its jobs
+    # peak GB per process from the fitted growth of the largest process's peak RSS
     assert proj["swb2000"]["peak_process_gb"]["lm"] == pytest.approx((100 + 2000) / 1024,
                                                                      abs=0.01)
     assert proj["swb300"]["stage_hours"]["train_hybrid"] is None
