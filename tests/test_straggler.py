@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,24 +114,41 @@ def test_ctc_batches_claimed_once_and_nodes_claim_together() -> None:
     assert got == [0, 1, 2, 4, None, None, None, None]
 
 
+COMMON = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.log_every=5",
+          "trainer.batch_frames=1500", "nj=2"]
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny recipe up to its features."""
+    exp = tmp_path_factory.mktemp("tiny") / "exp"
+    prep = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                           f"exp_dir={exp}", "--to", "features", *COMMON], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    return exp
+
+
+def _train(exp: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                             f"exp_dir={exp}", "--stage", "train", "--to", "train", *COMMON,
+                             "trainer.epochs=2", "trainer.backend=adpsgd",
+                             "trainer.learners=2", *extra], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _metrics(run_dir: Path, epoch: int) -> dict:
+    return torch.load(run_dir / f"epoch-{epoch}.pt", map_location="cpu",
+                      weights_only=False)["metrics"]
+
+
 @pytest.mark.timeout(600)
-def test_a_slowed_adpsgd_learner_takes_less_of_each_epoch(tmp_path: Path) -> None:
+def test_a_slowed_adpsgd_learner_takes_less_of_each_epoch(exp: Path) -> None:
     """The real trainer, two adpsgd learners, learner 1 stopped 75% of every 200 ms from outside
     (SIGSTOP/SIGCONT): learner 0 trains more of each epoch, and each epoch is the training set
     once between them."""
-    exp = tmp_path / "exp"
-    common = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.log_every=5",
-              "trainer.batch_frames=1500", "nj=2"]
-    prep = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", "--to", "features", *common], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert prep.returncode == 0, prep.stderr[-3000:]
-    proc = subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                             f"exp_dir={exp}", "--stage", "train", "--to", "train", *common,
-                             "trainer.epochs=2", "trainer.backend=adpsgd",
-                             "trainer.learners=2"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = _train(exp)
     stop = threading.Event()
     pid = straggler.learner_pid(proc.pid, 1)
     assert pid is not None
@@ -144,10 +162,34 @@ def test_a_slowed_adpsgd_learner_takes_less_of_each_epoch(tmp_path: Path) -> Non
     assert proc.returncode == 0, out[-3000:]
     utts = int(re.search(r"(\d+) training utterances", out).group(1))
     for epoch in (1, 2):
-        m = torch.load(exp / "train" / "blstm_tiny" / f"epoch-{epoch}.pt", map_location="cpu",
-                       weights_only=False)["metrics"]
+        m = _metrics(exp / "train" / "blstm_tiny", epoch)
         fast, slow = m["samples_learner_0"], m["samples_learner_1"]
         assert fast + slow == utts          # the whole set, once
         assert fast > slow                  # the fast learner took more of it
         assert m["global_samples"] == epoch * utts
         assert m["consensus_distance"] > 0  # measured at the epoch's end
+
+
+@pytest.mark.timeout(600)
+def test_adpsgd_killed_resumes_at_its_epoch_and_the_epoch_is_still_the_set_once(
+        exp: Path) -> None:
+    """kill -9 of the run after its first epoch's checkpoint: the rerun resumes there, and its
+    second epoch is again the whole set once (which learner took which batch may differ)."""
+    run_dir = exp / "train" / "killed"
+    proc = _train(exp, "model.name=killed", "trainer.epochs=3")
+    deadline = time.monotonic() + 400
+    while not (run_dir / "epoch-1.pt").is_file() and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.kill()  # the launcher; its learners die with it (PR_SET_PDEATHSIG)
+    proc.communicate()
+    assert not (run_dir / "final.pt").exists()
+    again = _train(exp, "model.name=killed", "trainer.epochs=3")
+    out, _ = again.communicate(timeout=500)
+    assert again.returncode == 0, out[-3000:]
+    assert "resuming after epoch 1" in out + (exp / "log" / "train.log").read_text()
+    utts = int(re.search(r"(\d+) training utterances", out).group(1))
+    for epoch in (2, 3):
+        m = _metrics(run_dir, epoch)
+        assert m["samples_learner_0"] + m["samples_learner_1"] == utts
+        assert m["global_samples"] == epoch * utts
