@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import kaldiio
 import numpy as np
 import torch
 
@@ -48,6 +47,7 @@ from asrtrain.align.model import (
     mfcc_reader,
     model_features,
     pdfs_of,
+    read_int_vectors,
     read_transforms,
     transcripts,
 )
@@ -154,12 +154,13 @@ def _transform(trans: Mapping[str, np.ndarray], u: Utterance, where: str | None)
 def read_alignment(scp: str | Path, utts: Iterable[Utterance]) -> dict[str, np.ndarray]:
     """The phone-state (or pdf) alignment of ``utts`` from a table, int64; an utterance whose
     length differs from its features is an error, one without an alignment is left out."""
-    table = kaldiio.load_scp(str(scp))
+    utts = list(utts)
+    table = read_int_vectors(scp, [u.utt for u in utts])
     out = {}
     for u in utts:
         if u.utt not in table:
             continue
-        a = np.asarray(table[u.utt]).astype(np.int64)
+        a = table[u.utt].astype(np.int64)
         if len(a) != len(u.feats):
             raise AsrtrainError(f"{scp}: utterance {u.utt} has {len(a)} frames, its features "
                                 f"{len(u.feats)}")
