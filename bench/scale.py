@@ -534,6 +534,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hang-retries", type=int, default=1,
                     help="runs again of a stage that hung (counted in the JSON: hung_before)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where scale.json/png go")
+    ap.add_argument("--reuse", type=Path, nargs="+", default=[],
+                    help="measured sizes to take instead of running them again: an earlier "
+                         "scale.json, or a size's own JSON (work/size-H.json, written after "
+                         "each size)")
     ap.add_argument("--work", type=Path, default=None,
                     help="keep corpora, exp dirs and logs here (default: a temporary dir)")
     args = ap.parse_args(argv)
@@ -545,6 +549,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reused_sizes(paths: list[Path]) -> dict[float, tuple[dict, Path]]:
+    """Requested hours -> (a size's measurements, the file they came from), from earlier
+    scale.json files (their ``sizes``) or single sizes' JSON (``work/size-H.json``)."""
+    out: dict[float, tuple[dict, Path]] = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--reuse {path}: cannot read it: {e}") from e
+        for size in data.get("sizes", [data] if "requested_hours" in data else []):
+            out[float(size["requested_hours"])] = (size, Path(path))
+        if not out:
+            raise SystemExit(f"--reuse {path}: no measured size in it")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     tmp = None
@@ -554,7 +574,16 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        sizes = [run_size(h, args.work, args) for h in args.sizes]
+        done = reused_sizes(args.reuse)
+        sizes = []
+        for h in args.sizes:
+            if h in done:
+                print(f"[{h:g} h] measured before: taken from {done[h][1]}", file=sys.stderr,
+                      flush=True)
+                sizes.append(done[h][0])
+                continue
+            sizes.append(run_size(h, args.work, args))
+            write_text(args.work / f"size-{h:g}.json", json.dumps(sizes[-1], indent=2) + "\n")
         align = time_align(args, args.work)
     finally:
         if tmp is not None:
