@@ -260,7 +260,7 @@ def test_values_beyond_fp16_are_refused(tmp_path: Path) -> None:
 
 
 def test_loading_in_blocks_gives_the_same_store(chunk_data, monkeypatch) -> None:
-    """Sets bigger than one load block (1M frames) are read and normalised block by block."""
+    """Sets bigger than one load block (LOAD_FRAMES) are read and normalised block by block."""
     import asrtrain.train.resident as resident
 
     cs = ChunkSet(*chunk_data, chunk=21, norm_vars=True)

@@ -54,8 +54,13 @@ log = logging.getLogger(__name__)
 GPU_SHARE = 0.5
 #: Share of the host's available memory the store may take.
 HOST_SHARE = 0.7
-#: Frames read and normalised together while loading.
-LOAD_FRAMES = 1 << 20
+#: Frames read and normalised together while loading. The load's transient memory is about
+#: three float32 copies of a block (the utterances' matrices until they are concatenated, the
+#: concatenation normalised in place, the speakers' shift or scale rows gathered for it): at 80
+#: stored dims 0.25 GB for 2^18 frames, whatever the size of the set. At 2^20 frames and five
+#: copies (before in-place CMVN) it was the learner's peak, 1.6 GB above the trained state, and
+#: grew with the set up to 2.9 h of speech (bench/scale.py's train_hybrid at 1 and 4 h).
+LOAD_FRAMES = 1 << 18
 DELTA_WINDOW = 2  # Kaldi add-deltas' default
 
 
@@ -258,7 +263,7 @@ class ResidentChunks:
                 rows.append(self.ivectors.rows(utt, len(ali)))
             held += len(ali)
             if held >= LOAD_FRAMES or i == len(utts) - 1:
-                x = self._normalise(mats, spks, shift, scale)
+                x = self._normalise(mats, spks, shift, scale)  # empties mats
                 self._check_range(x, utt)
                 feats[offset: offset + len(x)] = x.to(on, self.dtype)
                 targets[offset: offset + len(x)] = torch.from_numpy(np.concatenate(alis)).to(on)
@@ -274,7 +279,9 @@ class ResidentChunks:
         """Refuse frames that the storage type cannot hold (fp16 overflows at 65504);
         ``source``: the table they came from (default: the set's ``feats.scp``)."""
         if self.dtype.is_floating_point and torch.finfo(self.dtype).bits < 32:
-            peak = float(x.abs().max()) if x.numel() else 0.0
+            # from the extremes, not x.abs(): a copy of the block (NaN propagates either way)
+            lo, hi = torch.aminmax(x) if x.numel() else (torch.zeros(()), torch.zeros(()))
+            peak = float(torch.maximum(hi, -lo))
             if not peak <= torch.finfo(self.dtype).max:
                 where = source or self.chunks.reader.feats_scp
                 raise AsrtrainError(f"{where}: feature values up to {peak:g} (in the "
@@ -332,13 +339,18 @@ class ResidentChunks:
 
     def _normalise(self, mats: list[np.ndarray], spks: list[int], shift: torch.Tensor | None,
                    scale: torch.Tensor | None) -> torch.Tensor:
-        """The utterances' frames, concatenated, after CMVN on the compute device (float32)."""
+        """The utterances' frames, concatenated, after CMVN on the compute device (float32).
+        Empties ``mats`` once they are concatenated, and normalises the concatenation in
+        place, so that a block is held about three times, not five (:data:`LOAD_FRAMES`)."""
+        counts = [len(m) for m in mats]
         x = torch.from_numpy(np.concatenate(mats).astype(np.float32, copy=False)).to(self.device)
+        mats.clear()
         if shift is None:
             return x
         rows = torch.repeat_interleave(torch.tensor(spks, device=self.device),
-                                       torch.tensor([len(m) for m in mats], device=self.device))
-        return (x - shift[rows]) * scale[rows]
+                                       torch.tensor(counts, device=self.device))
+        x.sub_(shift[rows])
+        return x.mul_(scale[rows])
 
     def _delta_matrix(self) -> torch.Tensor:
         """[C · (order + 1), C + 2R]: row ``c · (order + 1) + o`` holds Kaldi's DeltaFeatures
