@@ -119,9 +119,41 @@ runpy.run_module("asrtrain.cli", run_name="__main__", alter_sys=True)
 """
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants alive now (from /proc; [pid] where /proc cannot say)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def anon_mb(pid: int) -> float:
+    """The private (anonymous) resident memory of ``pid`` in MB (``RssAnon``), 0 if gone.
+    ``ru_maxrss`` also counts the file pages a process maps (its libraries, a memory-mapped
+    chunk store: page cache, one copy per machine), which grow with the data too."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> dict:
-    """Run cmd; its wall time, CPU time and peak RSS (of it and the children it waited for)."""
+    """Run cmd; its wall time, CPU time and peak RSS (of it and the children it waited for),
+    and ``peak_anon_mb``: the peak private RSS of its largest process, sampled every
+    poll (so a peak shorter than that can be missed)."""
     start = time.perf_counter()
+    peak_anon = 0.0
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
@@ -130,6 +162,7 @@ def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None)
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            peak_anon = max([peak_anon, *map(anon_mb, process_tree(proc.pid))])
             if time.perf_counter() > deadline:   # a hang: the stage and its workers go
                 os.killpg(proc.pid, signal.SIGKILL)
                 _pid, status, usage = os.wait4(proc.pid, 0)
@@ -139,7 +172,8 @@ def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None)
             time.sleep(0.05)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024, "returncode": proc.returncode,
+            "peak_rss_mb": usage.ru_maxrss / 1024, "peak_anon_mb": peak_anon,
+            "returncode": proc.returncode,
             "timed_out": timed_out}
 
 
@@ -211,7 +245,8 @@ def run_size(hours: float, work: Path, args: argparse.Namespace) -> dict:
         m["hung_before"] = hangs
         stages[stage] = m
         print(f"[{hours:g} h] {stage:13s} wall {m['wall_s']:7.1f} s  cpu {m['cpu_s']:7.1f} s  "
-              f"parallel {m['parallel_fraction']:4.2f}  peak RSS {m['peak_rss_mb']:6.0f} MB",
+              f"parallel {m['parallel_fraction']:4.2f}  peak RSS {m['peak_rss_mb']:6.0f} MB "
+              f"({m['peak_anon_mb']:.0f} private)",
               file=sys.stderr, flush=True)
     return {"hours": manifest["train"]["speech_hours"], "requested_hours": hours,
             "test_hours": manifest["test"]["speech_hours"], "corpus": manifest,
@@ -304,7 +339,9 @@ def growth(sizes: list[dict]) -> dict:
                      "cpu_exponent": exponent(xs, [m["cpu_s"] for m in ms]),
                      "rss_exponent": exponent(xs, [m["peak_rss_mb"] for m in ms])}
         for part in ("self_cpu_s", "children_cpu_s", "peak_rss_mb", "self_rss_mb",
-                     "children_rss_mb"):
+                     "children_rss_mb", "peak_anon_mb"):
+            if part == "peak_anon_mb" and not all(part in m for m in ms):
+                continue   # sizes measured before it was recorded (--reuse)
             fixed, per_hour = linear(xs, [m[part] for m in ms])
             fit[part] = {"fixed": fixed, "per_hour": per_hour}
         out[stage] = fit
@@ -405,12 +442,14 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
     out: dict = {"reference": {**ref, "jobs": jobs}}
     costs = align_costs(align)
     for name, hours in TARGET_HOURS.items():
-        stage_hours, peak_gb, basis = {}, {}, {}
+        stage_hours, peak_gb, anon_gb, basis = {}, {}, {}, {}
         for stage in STAGES:
             amount = EVAL2000_HOURS if stage == "decode_hybrid" else hours
             f = fit[stage]
             stage_hours[stage] = stage_seconds(f, amount, ref["cores"], jobs) / 3600
             peak_gb[stage] = round(at(f["peak_rss_mb"], amount) / 1024, 2)
+            if "peak_anon_mb" in f:
+                anon_gb[stage] = round(at(f["peak_anon_mb"], amount) / 1024, 2)
             share = parallel_share(f)
             basis[stage] = (f"fitted: {share:.2f} of the growing CPU time in jobs "
                             f"(/ min({ref['cores']}, {jobs})), the rest in one process")
@@ -438,6 +477,8 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
                      "stage_hours": {k: None if v is None else round(v, 3)
                                      for k, v in stage_hours.items()},
                      "peak_process_gb": peak_gb,
+                     # private memory only: peak_process_gb less the mapped files' pages
+                     "peak_process_anon_gb": anon_gb,
                      "fits_node_memory": max(peak_gb.values()) <= ref["memory_gb"],
                      "data_stages_hours": round(data_hours, 3),
                      "dominant_data_stage": max(DATA_STAGES, key=lambda s: stage_hours[s]),
@@ -447,9 +488,11 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
 
 # ------------------------------------------------------------------------------ report
 def per_stage(sizes: list[dict]) -> dict:
-    """``stages.NAME.{cpu_s, wall_s, peak_rss_mb, parallel_fraction}``: a list over the sizes."""
-    keys = ("cpu_s", "wall_s", "peak_rss_mb", "parallel_fraction")
-    return {stage: {k: [round(s["stages"][stage][k], 3) for s in sizes] for k in keys}
+    """``stages.NAME.{cpu_s, wall_s, peak_rss_mb, peak_anon_mb, parallel_fraction}``: a list
+    over the sizes (``peak_anon_mb``, the private part, when every size recorded it)."""
+    keys = ("cpu_s", "wall_s", "peak_rss_mb", "peak_anon_mb", "parallel_fraction")
+    return {stage: {k: [round(s["stages"][stage][k], 3) for s in sizes] for k in keys
+                    if all(k in s["stages"][stage] for s in sizes)}
             for stage in STAGES}
 
 

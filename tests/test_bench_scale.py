@@ -38,11 +38,14 @@ def test_scale_bench_at_two_tiny_sizes_writes_json_and_png(tmp_path: Path) -> No
     assert len(data["hours"]) == 2 and data["hours"][0] < data["hours"][1]
     assert set(data["stages"]) == set(scale.STAGES)
     for stage, m in data["stages"].items():
-        assert set(m) == {"cpu_s", "wall_s", "peak_rss_mb", "parallel_fraction"}
+        assert set(m) == {"cpu_s", "wall_s", "peak_rss_mb", "peak_anon_mb", "parallel_fraction"}
         for key in m:
             assert len(m[key]) == 2, (stage, key)
         assert all(c > 0 for c in m["cpu_s"]) and all(w > 0 for w in m["wall_s"])
         assert all(r > 10 for r in m["peak_rss_mb"])
+        # the private part, sampled: never above the peak RSS (ru_maxrss, which counts file pages)
+        assert all(0 <= a <= r + 1 for a, r in zip(m["peak_anon_mb"], m["peak_rss_mb"],
+                                                     strict=True))
         assert all(0 <= f <= 1 for f in m["parallel_fraction"])
     # align's iterations run in the nj jobs: most of its CPU time is the jobs'
     assert min(data["stages"]["align"]["parallel_fraction"]) > 0.3
@@ -50,6 +53,7 @@ def test_scale_bench_at_two_tiny_sizes_writes_json_and_png(tmp_path: Path) -> No
         proj = data["projection"][name]
         assert set(proj) >= {"stage_hours", "peak_process_gb", "data_stages_hours"}
         assert set(proj["stage_hours"]) == set(proj["peak_process_gb"]) == set(scale.STAGES)
+        assert set(proj["peak_process_anon_gb"]) == set(scale.STAGES)
         assert proj["stage_hours"]["train_hybrid"] is None          # no GPU row given
         assert "no GPU figure" in proj["basis"]["train_hybrid"]
         assert proj["data_stages_hours"] == pytest.approx(
