@@ -273,7 +273,8 @@ class ResidentChunks:
                     self._check_range(r, utt, self.ivectors.scp)
                     ivecs[row: row + len(r)] = r.to(on, self.dtype)
                     row += len(r)
-                held, mats, alis, spks, rows = 0, [], [], [], []
+                # the block's copies go now, not when the next block's replace them
+                held, mats, alis, spks, rows, x, r, mat = 0, [], [], [], [], None, None, None
 
     def _check_range(self, x: torch.Tensor, last: str, source: Path | None = None) -> None:
         """Refuse frames that the storage type cannot hold (fp16 overflows at 65504);
