@@ -18,6 +18,7 @@ utterances).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.adapt.lda import LdaStats
@@ -274,6 +276,8 @@ class IterJob:
     trans: str | None = None
     what: tuple[str, ...] = ("gmm",)
     cfg: dict = field(default_factory=dict)
+    progress: str | None = None     # a bar over the utterances aligned, named so (set for a
+    #                                 job that runs alone in the stage's process)
 
 
 @dataclass
@@ -313,7 +317,9 @@ def iter_job(a: IterJob) -> IterResult:
     if a.align == "viterbi":
         t0 = time.time()
         cache = _graphs(a.part, model, c)
-        res = _align_shard(model, lang, utts, c, cache)
+        with tqdm(total=len(utts), desc=a.progress, unit="utt", file=sys.stderr,
+                  disable=None if a.progress else True, leave=False) as bar:
+            res = _align_shard(model, lang, utts, c, cache, bar)
         if res.compiled and cache.graphs:
             with atomic_open(a.part.file("graphs.JOB.pt"), "wb") as f:
                 torch.save(cache.graphs, f)

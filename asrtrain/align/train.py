@@ -240,8 +240,16 @@ class _PassJobs:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def run(self, fn: Callable, make: Callable[[Part], object], desc: str) -> list:
-        """``fn`` over the parts, ``make(part)`` its argument; results in job order."""
-        return run_jobs(fn, [make(p) for p in self.parts], self.jobs, f"{self.name}: {desc}",
+        """``fn`` over the parts, ``make(part)`` its argument; results in job order.  Jobs run
+        here one after another (one job, ``nj=1``, a GPU) draw their own progress bar over the
+        utterances they align (``progress``); parallel jobs have the runner's bar over jobs."""
+        args = [make(p) for p in self.parts]
+        if self.jobs.cmd == "local" and (self.in_process or len(args) == 1
+                                         or self.jobs.nj == 1):
+            for a in args:
+                if hasattr(a, "progress"):
+                    a.progress = f"{self.name}: {desc}"
+        return run_jobs(fn, args, self.jobs, f"{self.name}: {desc}",
                         in_process=self.in_process)
 
     def setup(self, features: Features, desc: str, **kw) -> list[SetupResult]:
@@ -696,7 +704,7 @@ def align_data(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
     with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
         model_file = str(Path(model_dir).resolve() / "final.mdl")
         parts = pj.run(iter_job, lambda p: IterJob(p, model_file, "viterbi", what=("final",),
-                                                   cfg=pj.cfg), "align")
+                                                   cfg=pj.cfg), f"align {Path(data_dir).name}")
         res = _align_result(parts)
         check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
         for utt, why in sorted(res.failed.items()):
