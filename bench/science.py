@@ -363,13 +363,18 @@ def real_points(plan: Plan) -> list[dict]:
 
 
 EPOCH_LINE = re.compile(r"epoch (\d+): train_loss [-\d.e+]+, dev_loss ([-\d.e+]+)")
-RATE_LINE = re.compile(r"([\d.]+) frames/s per learner")
+# The epoch summary's frames/s per learner (asrtrain/train/trainer.py's _end_epoch: each learner's
+# epoch frames over its epoch seconds, a mean over learners for every backend). The step lines
+# are no longer read for it: since issue 23 the gossiping backends' step lines are learner 0's
+# own ("learner 0: ... N frames/s"), not a mean over learners, and a short epoch has none.
+RATE_LINE = re.compile(r"epoch \d+: .*?frames_per_second_per_learner ([-+\w.]+)")
 GOSSIP_LINE = re.compile(r"([\d.]+) gossip exchanges/s")
 
 
 def real_run(base: list[str], plan: Plan, point: dict, exp: Path, tag: str) -> dict:
     """The point trained by ``asrtrain run`` with real gloo learners: its held-out loss per
-    epoch and the pace it logged (frames/s per learner, learner 0's exchanges/s)."""
+    epoch and the pace it logged (frames/s per learner from the epoch summaries, learner 0's
+    exchanges/s from its step lines)."""
     name = f"science_{tag}"
     overrides = [*base, *TINY_MODEL, f"hybrid.model.name={name}",
                  f"hybrid.trainer.epochs={plan.real_epochs}",
