@@ -50,6 +50,7 @@ class SlurmOptions:
     folder: str | None = None            # submitit's logs and pickles; default exp/log/slurm
     additional_parameters: dict = field(default_factory=dict)   # any other sbatch option
     poll_s: float = 2.0                  # how often the parent looks at the queue
+    pending_timeout_s: float | None = None   # error when none of the jobs starts for this long
 
     @classmethod
     def from_config(cls, cfg: Mapping | None) -> SlurmOptions:

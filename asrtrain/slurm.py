@@ -8,7 +8,11 @@ the jobs' logs in ``slurm.folder`` or ``exp/log/slurm/<desc>/``.  The parent pol
 every ``slurm.poll_s`` seconds: results come back in the order of the arguments; the first job
 that fails cancels the others and raises an error with its SLURM id, its logs and the end of its
 traceback; Ctrl-C cancels them all (``scancel``).  A job's state comes from submitit's watcher
-(``sacct``) and from ``squeue``, so clusters without accounting work too.
+(``sacct``) and from ``squeue``, so clusters without accounting work too.  When every unfinished
+job has stayed PENDING, none running, for ``slurm.pending_timeout_s`` (a job the cluster can never
+start: too many CPUs for its nodes, a partition down...), the jobs are cancelled and the error
+gives squeue's reasons; without that option the wait goes on, with a warning after
+:data:`PENDING_WARN_S`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ UNFINISHED = {"READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING"
 RESULT_GRACE_S = 30.0
 #: Lines of a failed job's traceback or stderr quoted in the error.
 TAIL_LINES = 12
+#: Seconds all unfinished jobs may stay PENDING, none running, before a warning with the reasons.
+PENDING_WARN_S = 120.0
 
 
 def slug(desc: str) -> str:
@@ -93,22 +99,28 @@ def run_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConfi
              desc, len(args), submitted[0].job_id.split("_")[0], min(jobs.nj, len(args)),
              job_folder(jobs, desc))
     try:
-        return _collect(submitted, desc, float(jobs.slurm.poll_s))
+        timeout = jobs.slurm.pending_timeout_s
+        return _collect(submitted, desc, float(jobs.slurm.poll_s),
+                        None if timeout is None else float(timeout))
     except BaseException:
         _cancel(submitted)
         raise
 
 
-def _collect(submitted: list, desc: str, poll_s: float) -> list:
-    """Wait for every job, a progress bar over the finished ones; the results in order."""
+def _collect(submitted: list, desc: str, poll_s: float,
+             pending_timeout_s: float | None = None) -> list:
+    """Wait for every job, a progress bar over the finished ones; the results in order.  An
+    error when all the unfinished jobs stay PENDING for ``pending_timeout_s`` (None: no limit)."""
     from submitit.core.utils import pickle_load
 
     n = len(submitted)
     out: list[Any] = [None] * n
     pending = set(range(n))
     gone_since: dict[int, float] = {}
+    stalled_since, warned = time.time(), False
     with tqdm(total=n, desc=desc, unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         while pending:
+            before = len(pending)
             for i in sorted(pending):
                 job = submitted[i]
                 if job.paths.result_pickle.exists():
@@ -122,6 +134,24 @@ def _collect(submitted: list, desc: str, poll_s: float) -> list:
                 break
             states = _queue_states(submitted[0].job_id.split("_")[0])
             now = time.time()
+            if len(pending) < before or any(
+                    _state(submitted[i], states) != "PENDING" for i in pending):
+                stalled_since, warned = now, False
+            waited = now - stalled_since
+            if pending_timeout_s is not None and waited > pending_timeout_s:
+                raise AsrtrainError(
+                    f"{desc}: none of the {len(pending)} unfinished SLURM jobs (array "
+                    f"{submitted[0].job_id.split('_')[0]}) started in {waited:.0f} s "
+                    f"(slurm.pending_timeout_s={pending_timeout_s:g}): "
+                    f"{_pending_reasons(submitted, pending, states)}. The cluster cannot run "
+                    f"them as asked (sinfo: nodes down? cpus_per_task or mem_gb more than a "
+                    f"node has? the partition?) or is busy: raise slurm.pending_timeout_s to wait "
+                    f"longer; the jobs were cancelled")
+            if waited > PENDING_WARN_S and not warned:
+                warned = True
+                log.warning("%s: none of the %d unfinished SLURM jobs started in %.0f s: %s",
+                            desc, len(pending), waited,
+                            _pending_reasons(submitted, pending, states))
             for i in sorted(pending):
                 state = _state(submitted[i], states)
                 if state in UNFINISHED:
@@ -144,23 +174,40 @@ def _load(pickle_load: Callable, path: Path) -> tuple[str, Any]:
         return pickle_load(path)
 
 
-def _queue_states(array_id: str) -> dict[str, str]:
-    """``squeue``'s state of each job of the array (``"123_4": "RUNNING"``); finished jobs stay
-    listed for the cluster's ``MinJobAge``, then leave; {} when squeue cannot answer."""
+def _queue_states(array_id: str) -> dict[str, tuple[str, str]]:
+    """``squeue``'s state and reason of each job of the array (``"123_4": ("PENDING",
+    "Resources")``); finished jobs stay listed for the cluster's ``MinJobAge``, then leave;
+    ``{"*": ("UNKNOWN", ...)}`` when squeue cannot answer."""
     try:
         lines = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", array_id,
-                                "-o", "%i|%T"], capture_output=True, text=True, timeout=60,
+                                "-o", "%i|%T|%r"], capture_output=True, text=True, timeout=60,
                                check=True).stdout.splitlines()
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("squeue -j %s: %s; SLURM states may lag", array_id, e)
-        return {"*": "UNKNOWN"}
-    return dict(line.strip().split("|", 1) for line in lines if "|" in line)
+        return {"*": ("UNKNOWN", "squeue failed")}
+    states = {}
+    for line in lines:
+        parts = line.strip().split("|")
+        if len(parts) >= 2:
+            states[parts[0]] = (parts[1], parts[2] if len(parts) > 2 else "")
+    return states
 
 
-def _state(job: Any, states: dict[str, str]) -> str:
+def _pending_reasons(submitted: list, pending: set[int], states: dict) -> str:
+    """``PENDING (reason PartitionConfig: 150_0, 150_1)``: squeue's reasons for the jobs."""
+    by_reason: dict[str, list[str]] = {}
+    for i in sorted(pending):
+        job_id = submitted[i].job_id
+        reason = states.get(job_id, ("", "not in squeue"))[1] or "none given"
+        by_reason.setdefault(reason, []).append(job_id)
+    return "; ".join(f"PENDING (reason {r}: " + ", ".join(ids[:5])
+                     + (", ..." if len(ids) > 5 else "") + ")" for r, ids in by_reason.items())
+
+
+def _state(job: Any, states: dict[str, tuple[str, str]]) -> str:
     """One job's state: squeue's, else submitit's (``sacct``), else GONE (in neither)."""
     if job.job_id in states:
-        return states[job.job_id].upper()
+        return states[job.job_id][0].upper()
     if "*" in states:
         return "UNKNOWN"
     state = str(job.state).upper().split()[0] if job.state else "UNKNOWN"

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 START = REPO / "tests" / "slurm" / "start_slurm.sh"
 PARTITION = "debug"
 # Small jobs for a small node: the machine's cores are shared with the rest of the suite.
-SLURM = ["cmd=slurm", f"slurm.partition={PARTITION}", "slurm.mem_gb=1", "slurm.poll_s=0.5"]
+SLURM = ["cmd=slurm", f"slurm.partition={PARTITION}", "slurm.mem_gb=1", "slurm.poll_s=0.5",
+         "slurm.pending_timeout_s=240"]
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +44,11 @@ def slurm_cluster() -> str:
         warnings.warn(f"tests/test_slurm.py skipped: {why}", stacklevel=1)
         pytest.skip(why)
     try:
-        proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=900)
+        # not this process's OMP_NUM_THREADS (a stage run in it sets 1): the script sizes the
+        # node with slurmd -C, and it is no business of a daemon's either
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+        proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=900,
+                              env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{START} did not finish in {e.timeout} s:\n{e.stdout}\n{e.stderr}")
     if proc.returncode != 0:
@@ -78,12 +83,30 @@ def _sleep(x: int) -> int:
     return x
 
 
-def _slurm_jobs(tmp_path: Path, nj: int = 2, threads: int = 1) -> JobConfig:
+# A job that cannot start is an error naming squeue's reason after this long, not a hang; long
+# enough for the jobs of the other tests (the sleepers of the Ctrl-C test) on a loaded 2-core node.
+PENDING_TIMEOUT_S = 240
+
+
+def _slurm_jobs(tmp_path: Path, nj: int = 2, threads: int = 1, **slurm) -> JobConfig:
+    options = {"partition": PARTITION, "mem_gb": 0.5, "poll_s": 0.5,
+               "pending_timeout_s": PENDING_TIMEOUT_S, **slurm}
     return JobConfig(nj=nj, cmd="slurm", threads=threads, log_dir=tmp_path / "slurm",
-                     slurm=SlurmOptions(partition=PARTITION, mem_gb=0.5, poll_s=0.5))
+                     slurm=SlurmOptions(**options))
 
 
-@pytest.mark.timeout(300)
+def test_the_node_has_every_cpu_of_the_machine(slurm_cluster):
+    """slurm.conf's CPUs are slurmd's own count, not nproc's (which obeys OMP_NUM_THREADS=1)."""
+    hw = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True,
+                        timeout=60).stdout
+    cpus = subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.split()
+    assert cpus and f"CPUs={cpus[0]} " in hw, (cpus, hw)
+
+
+# Hang guards (pytest-timeout), sized for a loaded 2-core machine; a job that cannot start
+# fails sooner, at PENDING_TIMEOUT_S.
+@pytest.mark.timeout(600)
 def test_slurm_jobs_return_what_local_jobs_return_in_order(slurm_cluster, importable_tests,
                                                            tmp_path):
     args = list(range(5))
@@ -99,7 +122,7 @@ def test_slurm_jobs_return_what_local_jobs_return_in_order(slurm_cluster, import
     assert f"#SBATCH --partition={PARTITION}" in text
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_a_failing_slurm_job_is_named_with_its_logs(slurm_cluster, importable_tests, tmp_path):
     with pytest.raises(AsrtrainError) as err:
         run_jobs(_fail_on_three, list(range(5)), _slurm_jobs(tmp_path), "counting")
@@ -109,6 +132,25 @@ def test_a_failing_slurm_job_is_named_with_its_logs(slurm_cluster, importable_te
     logs = [Path(w) for w in message.split() if w.endswith(("_log.out", "_log.err"))]
     assert len(logs) == 2 and all(p.is_file() for p in logs), message
     assert "three is not allowed" in logs[1].read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_job_that_can_never_start_is_an_error_with_its_reason(slurm_cluster, importable_tests,
+                                                                tmp_path):
+    """More CPUs than the node has: SLURM keeps the jobs PENDING (PartitionConfig) for ever; after
+    slurm.pending_timeout_s the run stops, says why, and cancels them."""
+    jobs = _slurm_jobs(tmp_path, cpus_per_task=512, pending_timeout_s=3)
+    start = time.time()
+    with pytest.raises(AsrtrainError) as err:
+        run_jobs(_array_task, [0, 1], jobs, "impossible")
+    message = str(err.value)
+    assert time.time() - start < 120, message
+    assert "impossible: none of the 2 unfinished SLURM jobs" in message
+    assert "PENDING (reason PartitionConfig" in message and "pending_timeout_s=3" in message
+    deadline = time.time() + 60
+    while _queued("asrtrain-impossible") and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _queued("asrtrain-impossible")
 
 
 def test_no_sbatch_is_an_error_that_says_what_to_do(monkeypatch, tmp_path):
@@ -124,7 +166,7 @@ def _queued(name: str) -> list[str]:
     return out.stdout.split()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_ctrl_c_cancels_the_jobs(slurm_cluster, importable_tests, tmp_path):
     code = ("import sys, test_slurm as t; from pathlib import Path; "
             "from asrtrain.jobs import run_jobs; "

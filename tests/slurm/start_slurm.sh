@@ -15,13 +15,15 @@ LOGDIR=/var/log/slurm
 die() { echo "start_slurm.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it installs packages and starts daemons)"
 
-stop() {   # the daemon of pid file $1, waiting (10 s at most) until it is gone
+stop() {   # the daemon of pid file $1: SIGTERM, then SIGKILL after 10 s, until it is gone
   local pid
   [ -s "$1" ] || return 0
   pid=$(cat "$1")
   kill "$pid" 2>/dev/null || return 0
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
-  echo "start_slurm.sh: pid $pid ($1) still running after 10 s" >&2
+  echo "start_slurm.sh: pid $pid ($1) still running after 10 s: SIGKILL" >&2
+  kill -9 "$pid" 2>/dev/null || return 0
+  for _ in $(seq 25); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
 }
 if [ "${STOP:-0}" = 1 ]; then
   for pidfile in /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid; do stop "$pidfile"; done
@@ -52,7 +54,12 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
 fi
 
 # slurm.conf for this host: its CPUs, 90% of its memory, one partition.
-CPUS=$(nproc)
+# The CPUs are slurmd's own count (`slurmd -C`, what it registers with): never `nproc`, which
+# obeys OMP_NUM_THREADS / OMP_THREAD_LIMIT - and a test process that ran a stage has set
+# OMP_NUM_THREADS=1 (asrtrain.jobs.set_threads), which wrote CPUs=1 and left every
+# --cpus-per-task=2 job PENDING (PartitionConfig) for ever.
+CPUS=$(slurmd -C 2>/dev/null | sed -n 's/.*[[:space:]]CPUs=\([0-9][0-9]*\).*/\1/p' | head -1)
+[ -n "$CPUS" ] || CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM_MB=$(( $(free -m | awk '/^Mem:/ {print $2}') * 9 / 10 ))
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd "$LOGDIR"
 NEW=$(mktemp)
@@ -107,16 +114,22 @@ if ! running /run/slurmd.pid; then
   /usr/sbin/slurmd || { tail -20 "$LOGDIR/slurmd.log" >&2; die "slurmd did not start"; }
 fi
 
+# Up means: the node registered with the configured CPUs (a config rewritten under running
+# daemons, or a slurmd that has not re-registered, shows other counts or states) and is in a
+# state that runs jobs.
 state=""
 for _ in $(seq "$WAIT_S"); do
-  state=$(sinfo -h -N -n "$HOST" -o %T 2>/dev/null | head -1 || true)
+  read -r state cpus < <(sinfo -h -N -n "$HOST" -o '%T %c' 2>/dev/null | head -1 || true) || true
   case "$state" in
-    idle|mixed|allocated|completing) echo "SLURM up: node $HOST $state, partition debug"; exit 0 ;;
+    idle|mixed|allocated|completing)
+      if [ "${cpus:-}" = "$CPUS" ]; then
+        echo "SLURM up: node $HOST $state, $CPUS CPUs, partition debug"; exit 0
+      fi ;;
     down*|drain*|drained*) scontrol update NodeName="$HOST" State=RESUME 2>/dev/null || true ;;
   esac
   sleep 1
 done
-echo "--- sinfo:" >&2; sinfo -N -l >&2 || true
+echo "--- sinfo (want $CPUS CPUs):" >&2; sinfo -N -l >&2 || true
 echo "--- $LOGDIR/slurmctld.log:" >&2; tail -20 "$LOGDIR/slurmctld.log" >&2 || true
 echo "--- $LOGDIR/slurmd.log:" >&2; tail -20 "$LOGDIR/slurmd.log" >&2 || true
 die "node $HOST not idle after ${WAIT_S}s (state: '${state:-none}')"
