@@ -364,17 +364,17 @@ def real_points(plan: Plan) -> list[dict]:
 
 EPOCH_LINE = re.compile(r"epoch (\d+): train_loss [-\d.e+]+, dev_loss ([-\d.e+]+)")
 # The epoch summary's frames/s per learner (asrtrain/train/trainer.py's _end_epoch: each learner's
-# epoch frames over its epoch seconds, a mean over learners for every backend). The step lines
-# are no longer read for it: since issue 23 the gossiping backends' step lines are learner 0's
-# own ("learner 0: ... N frames/s"), not a mean over learners, and a short epoch has none.
+# epoch frames over its epoch seconds, a mean over learners): the fallback where a run wrote no
+# step curves. Since issue 23 the gossiping backends' step lines are learner 0's own ("learner 0:
+# ... N frames/s"), and the step figures each learner's, in its own event files.
 RATE_LINE = re.compile(r"epoch \d+: .*?frames_per_second_per_learner ([-+\w.]+)")
 GOSSIP_LINE = re.compile(r"([\d.]+) gossip exchanges/s")
 
 
 def real_run(base: list[str], plan: Plan, point: dict, exp: Path, tag: str) -> dict:
     """The point trained by ``asrtrain run`` with real gloo learners: its held-out loss per
-    epoch and the pace it logged (frames/s per learner from the epoch summaries, learner 0's
-    exchanges/s from its step lines)."""
+    epoch and the pace it logged: frames/s per learner and exchanges/s from the learners' own
+    step curves (:func:`learner_figures`), else the epoch summaries and learner 0's step lines."""
     name = f"science_{tag}"
     overrides = [*base, *TINY_MODEL, f"hybrid.model.name={name}",
                  f"hybrid.trainer.epochs={plan.real_epochs}",
@@ -400,13 +400,40 @@ def real_run(base: list[str], plan: Plan, point: dict, exp: Path, tag: str) -> d
     epochs = [{"epoch": int(e), "heldout_loss": float(v)} for e, v in EPOCH_LINE.findall(text)]
     if not epochs:
         raise SystemExit(f"bench/science.py: real run {tag}: no epoch's dev_loss in {logs}")
-    rates = [float(v) for v in RATE_LINE.findall(text)]
-    gossip = [float(v) for v in GOSSIP_LINE.findall(text)]
+    rates, gossip = learner_figures(exp / "train" / name)
+    if not rates:
+        rates = [float(v) for v in RATE_LINE.findall(text)]
+    if not gossip:
+        gossip = [float(v) for v in GOSSIP_LINE.findall(text)]
     return {"overrides": overrides[len(base):], "epochs": epochs,
             "heldout_loss": epochs[-1]["heldout_loss"],
             "frames_per_s": sum(rates) / len(rates) if rates else math.nan,
             "exchanges_per_s": sum(gossip) / len(gossip) if gossip else None,
             "wall_s": wall}
+
+
+def learner_figures(run_dir: Path) -> tuple[list[float], list[float]]:
+    """Each learner's step figures from the run's curves: its frames/s (a mean over its points)
+    and every point of its gossip exchanges/s. In lockstep learner 0 writes every learner's rate
+    (``frames_per_s/learner_<r>``); the gossiping backends write each learner's own, learner
+    r > 0 under ``learner_<r>/`` (asrtrain/train/curves.py). A learner that claimed too few units
+    to reach a point has none; the pace is the learners' that trained."""
+    from asrtrain.train.curves import read_scalars
+
+    dirs = [run_dir, *sorted(run_dir.glob("learner_*"))] if run_dir.is_dir() else []
+    own: dict[str, list[float]] = {}
+    gossip: list[float] = []
+    for d in dirs:
+        if not any(d.glob("events.out.tfevents.*")):
+            continue
+        for tag, points in read_scalars(d).items():
+            values = [v for _, v in points if math.isfinite(v)]
+            if tag.startswith("frames_per_s/learner_"):
+                own.setdefault(tag, []).extend(values)
+            elif tag == "gossip/exchanges_per_s":
+                gossip.extend(values)
+    rates = [sum(v) / len(v) for v in own.values() if v]
+    return rates, gossip
 
 
 def new_text(path: Path, offset: int) -> str:
