@@ -29,7 +29,8 @@ here; see docs/architecture.md ("NCCL") for what is and is not known of its safe
 Used by adpsgd (every learner a member, changes applied by the thread) and hadpsgd (node leaders
 are members; the changes are handed to the main thread to share inside the node).
 :func:`drain_gossip` brings all members to the same round with nothing in flight, which
-consensus, checkpoints and shutdown need.
+consensus, checkpoints and shutdown need, and makes every member's sample counters exact (the
+exchanges alone miss a member's steps after its last one).
 """
 
 from __future__ import annotations
@@ -190,6 +191,16 @@ class Gossip:
     def global_samples(self) -> int:
         with self.cond:
             return int(self.counts.sum())
+
+    def own_count(self) -> int:
+        """The samples of this member's own steps."""
+        with self.cond:
+            return int(self.counts[self.me])
+
+    def merge_counts(self, counts: torch.Tensor) -> None:
+        """Merge members' counts (indexed as ``ranks``) into the vector clock, by max."""
+        with self.cond:
+            torch.maximum(self.counts, counts.to(self.counts.dtype), out=self.counts)
 
     def check(self) -> None:
         if self.error is not None:
@@ -422,3 +433,12 @@ def drain_gossip(comm: Comm, gossip: Gossip | None) -> None:
     limit = comm.allreduce_int(started, "gossip drain", op=dist.ReduceOp.MAX)
     if gossip is not None:
         gossip.drain_to(limit, comm.timeout.total_seconds())
+    # The sample counters ride along the exchanges, so a member's last steps after its last
+    # exchange are unknown to the others: the drained learners (where an epoch ends) share
+    # their own counts, and every member's global count is exact there.
+    own = torch.zeros(comm.world_size, dtype=torch.int64)
+    if gossip is not None:
+        own[comm.rank] = gossip.own_count()
+    own = comm.allreduce(own, "gossip sample counts", op=dist.ReduceOp.MAX)
+    if gossip is not None:
+        gossip.merge_counts(own[gossip.ranks])

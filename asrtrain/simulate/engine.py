@@ -18,7 +18,7 @@ keeps N model copies, plus per member its optimizer state, the change of its rou
 the real thread holds) and the gradient of its step under way; with zero learning rate this does
 not matter and a round is exactly the backends' ``W_r``. docs/science.md measures the rest.
 The learning rate follows each member's count of global samples, known through the counters that
-ride along every exchange (a vector clock, as the real gossip does).
+ride along every exchange (a vector clock, as the real gossip does), made exact at each drain.
 """
 
 from __future__ import annotations
@@ -231,6 +231,8 @@ class Simulator:
                 self._apply(a)
             elif kind == LOG:
                 self._point(t, rounds=a)
+        # The drain also shares every member's own count (drain_gossip): all know them exactly.
+        self.counts[:] = np.diag(self.counts).copy()
         self.now = end
 
     # -- events ----------------------------------------------------------------------------------
