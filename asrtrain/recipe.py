@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from asrtrain import REPO_ROOT, AsrtrainError
 
@@ -31,6 +32,7 @@ def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictCon
         recipe_dir = recipe_dir.parent
     if not (recipe_dir / "recipe.yaml").is_file():
         raise AsrtrainError(f"{recipe_dir}/recipe.yaml: no such recipe (try recipes/tiny)")
+    check_yaml(recipe_dir / "recipe.yaml")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(recipe_dir), version_base=None):
@@ -41,10 +43,42 @@ def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictCon
             )
     except (HydraException, OmegaConfBaseException) as e:
         raise AsrtrainError(f"{recipe_dir}/recipe.yaml: cannot compose the config: {e}") from e
+    except yaml.YAMLError as e:    # a conf/ group file Hydra loads (recipe.yaml is checked above)
+        raise AsrtrainError(yaml_error_line(e, f"{recipe_dir}/recipe.yaml's config")) from None
     finally:
         GlobalHydra.instance().clear()
     resolve_recipe_settings(cfg)
     return cfg
+
+
+def check_yaml(path: Path) -> None:
+    """Parse ``path`` as YAML, so that a syntax error is one line, ``file:line:col: what``,
+    instead of the parser's traceback from inside Hydra."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise AsrtrainError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x})"
+                            ) from None
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise AsrtrainError(yaml_error_line(e, str(path))) from None
+
+
+def yaml_error_line(e: yaml.YAMLError, where: str) -> str:
+    """One line for a YAML error: ``file:line:col: YAML syntax error: problem (context at
+    line:col)``, lines and columns counted from 1 as editors do."""
+    if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
+        return f"{where}: YAML syntax error: {' '.join(str(e).split())}"
+    mark = e.problem_mark
+    name = mark.name if mark.name and not mark.name.startswith("<") else where
+    problem = f"{name}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {e.problem}"
+    if e.context:
+        ctx = e.context_mark
+        at = f" at {ctx.line + 1}:{ctx.column + 1}" if ctx is not None else ""
+        problem += f" ({e.context}{at})"
+    return problem
 
 
 #: The stages of each system a recipe's ``systems`` may name, in the order of the stage table
@@ -70,6 +104,7 @@ def resolve_recipe_settings(cfg: DictConfig) -> None:
     (those the systems need); then a stage that needs a lexicon must have one."""
     if cfg.get("nj") == "auto":
         cfg.nj = default_nj()
+    _normalize_sets(cfg)
     if cfg.get("stages") == "auto" and "systems" not in cfg:
         raise AsrtrainError("stages: auto takes the stages from systems:, which this recipe "
                             "does not have; list the stages")
@@ -90,6 +125,35 @@ def hybrid_input_appends(cfg: DictConfig) -> list[str]:
     gives the hybrid model features of its own, else ``features.append`` (absent: none)."""
     features = OmegaConf.select(cfg, "hybrid.features") or cfg.get("features") or {}
     return [str(s) for s in (features.get("append") or [])]
+
+
+def _normalize_sets(cfg: DictConfig) -> None:
+    """``sets.train`` and ``sets.dev`` name one set each; ``sets.test`` is a list, and a single
+    name (``sets.test=eval2000``) is taken as a list of one, as the user means it."""
+    sets = cfg.get("sets")
+    if sets is None:
+        return
+    if not isinstance(sets, DictConfig):
+        raise AsrtrainError(f"sets={sets!r}: expected 'sets: {{train: NAME, dev: NAME, test: "
+                            "[NAME, ...]}'")
+    for key in ("train", "dev"):
+        value = sets.get(key)
+        if value is not None and not isinstance(value, (str, int)):
+            raise AsrtrainError(f"sets.{key}={_show(value)}: expected one set name "
+                                f"(e.g. sets.{key}=train_nodup)")
+    test = sets.get("test")
+    if isinstance(test, (str, int)):
+        sets.test = [str(test)]
+    elif test is not None and not isinstance(test, ListConfig):
+        raise AsrtrainError(f"sets.test={_show(test)}: expected a list of set names "
+                            "(e.g. sets.test=[eval2000] or sets.test=eval2000)")
+    elif test is not None and any(not isinstance(t, (str, int)) for t in test):
+        raise AsrtrainError(f"sets.test={_show(test)}: expected a list of set names "
+                            "(e.g. sets.test=[eval2000,rt03])")
+
+
+def _show(value) -> str:
+    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
 
 
 def needs_ivectors(cfg: DictConfig) -> bool:

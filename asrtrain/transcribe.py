@@ -201,11 +201,19 @@ def read_inputs(args: Sequence[str]) -> Inputs:
 
 
 def _read_file(path: Path) -> Inputs:
+    if path.is_dir():
+        scp = " or {}".format(path / "wav.scp") if (path / "wav.scp").is_file() else ""
+        raise AsrtrainError(f"{path}: is a directory, not an audio file; give the audio files in "
+                            f"it (e.g. {path}/*.wav){scp}")
+    if not path.exists():
+        raise AsrtrainError(f"{path}: audio file not found")
     reco = re.sub(r"\s+", "_", path.stem)   # a Kaldi id has no blanks
     return Inputs({reco: str(path)}, {reco: str(path)}, {}, {}, {reco: reco})
 
 
 def _read_scp(scp: Path) -> Inputs:
+    if scp.is_dir():
+        raise AsrtrainError(f"{scp}: is a directory, not a wav.scp file")
     if not scp.is_file():
         raise AsrtrainError(f"{scp}: no such wav.scp")
     wav = read_table(scp)

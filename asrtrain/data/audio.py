@@ -146,6 +146,8 @@ def check_audio_file(path: str | Path) -> AudioHeader:
     would otherwise surface later as a segment "past the end" of its recording.
     """
     path = Path(path)
+    if path.is_dir():
+        raise AsrtrainError(f"{path}: is a directory, not an audio file")
     if not path.is_file():
         raise AsrtrainError(f"{path}: audio file not found")
     if _is_sphere(path):

@@ -3,14 +3,24 @@
 Kaldi tables, LDC transcripts and lexicons are UTF-8 (or its ASCII subset). A byte that is not
 UTF-8 is reported with the file, the line and the column where it sits, instead of Python's
 ``UnicodeDecodeError``, which names neither.
+
+Kaldi tables are UTF-8 without a byte order mark; a file saved with one (Windows editors do) has
+it removed when read, with a warning naming the file, as Python's ``utf-8-sig`` codec would: kept,
+it would become part of the first key, invisible in every message that quotes it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 from asrtrain import AsrtrainError
+
+log = logging.getLogger(__name__)
+
+BOM = b"\xef\xbb\xbf"
+_warned_bom: set[str] = set()
 
 
 def decode_line(raw: bytes, path: Path | str, lineno: int) -> str:
@@ -30,4 +40,10 @@ def utf8_lines(path: Path | str) -> Iterator[tuple[int, str]]:
         raise AsrtrainError(f"{path}: cannot read ({e.strerror})") from None
     with f:
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+                if str(path) not in _warned_bom:
+                    _warned_bom.add(str(path))
+                    log.warning("%s: starts with a UTF-8 byte order mark (BOM, bytes EF BB BF), "
+                                "which Kaldi tables do not have; it is ignored", path)
             yield lineno, decode_line(raw, path, lineno).rstrip("\r\n")

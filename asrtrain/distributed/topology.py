@@ -123,7 +123,9 @@ class Schedule:
         return out
 
     def mixing_matrix(self, r: int) -> np.ndarray:
-        """``W_r``: the matrix one round applies to the stacked models."""
+        """``W_r``: the matrix one round applies to the stacked models (dense: at most
+        ``MAX_DENSE_NODES`` members)."""
+        _check_dense(self.n, self.scheme)
         w = np.eye(self.n)
         for phase in self.phases(r):
             for i, j in phase:
@@ -135,6 +137,7 @@ class Schedule:
 
     def expected_gram(self) -> np.ndarray:
         """``E[W^T W]`` over rounds (exact: closed form for the random ring, a cycle otherwise)."""
+        _check_dense(self.n, self.scheme)
         if self.scheme == "ring":
             w = self.mixing_matrix(0)
             return w.T @ w
@@ -147,9 +150,75 @@ class Schedule:
             a = np.trace(m) / self.n
             b = (m.sum() - np.trace(m)) / (self.n * (self.n - 1))
             return a * np.eye(self.n) + b * (np.ones((self.n, self.n)) - np.eye(self.n))
+        # One matching a round: W^T W = W^2 is the identity but for a 2 x 2 block per pair.
         cycle = len(self._offsets) * (self.n if self.n % 2 else 1)
-        mats = [self.mixing_matrix(r) for r in range(cycle)]
-        return sum(m.T @ m for m in mats) / len(mats)
+        w = self.weight
+        gram = np.zeros((self.n, self.n))
+        for r in range(cycle):
+            pairs = np.array([p for phase in self.phases(r) for p in phase], dtype=int)
+            gram[np.diag_indices(self.n)] += 1.0
+            if len(pairs):
+                i, j = pairs[:, 0], pairs[:, 1]
+                gram[i, i] += (1 - w) ** 2 + w * w - 1.0
+                gram[j, j] += (1 - w) ** 2 + w * w - 1.0
+                gram[i, j] += 2 * w * (1 - w)
+                gram[j, i] += 2 * w * (1 - w)
+        return gram / cycle
+
+    def second_eigenvalue(self) -> float:
+        """``lambda_2(E[W^T W])``, without an n x n matrix where a closed form exists: the
+        random ring's expectation is ``a I + b (J - I)`` (``lambda_2 = a - b``, from the
+        Frobenius norm of one round's W, W doubly stochastic), the fixed ring's W is circulant
+        (eigenvalues ``1 - w (2 - 2 cos(2 pi k / n))``). The exponential graph is computed
+        dense, up to ``MAX_DENSE_NODES`` members."""
+        n = self.n
+        if n == 1:
+            return 0.0
+        if self.scheme == "random_ring":
+            frobenius = self._frobenius2(0)
+            return frobenius / n - (n - frobenius) / (n * (n - 1))
+        if self.scheme == "ring" and n >= 3:
+            k = np.arange(1, n)
+            return float(np.max((1.0 - self.weight * (2.0 - 2.0 * np.cos(2 * np.pi * k / n)))
+                                ** 2))
+        return second_eigenvalue(self.expected_gram())
+
+    def _frobenius2(self, r: int) -> float:
+        """``||W_r||_F^2`` from the round's pairs, in O(n)."""
+        off: dict[tuple[int, int], float] = {}
+        diag = np.ones(self.n)
+        for phase in self.phases(r):
+            for i, j in phase:
+                diag[i] -= self.weight
+                diag[j] -= self.weight
+                key = (min(i, j), max(i, j))
+                off[key] = off.get(key, 0.0) + self.weight
+        return float((diag ** 2).sum() + 2.0 * sum(v * v for v in off.values()))
+
+
+#: The most members whose mixing matrices are built dense (n x n float64, and an eigenvalue
+#: decomposition of O(n^3)): 2048 take 32 MiB and seconds; 100,000 would take 75 GiB.
+MAX_DENSE_NODES = 2048
+
+
+#: The exponential graph of an odd number of members cycles through n times its offsets'
+#: rounds; beyond this many members that is more work than a command should do.
+MAX_ODD_EXPONENTIAL = 513
+
+
+def _check_dense(n: int, scheme: str) -> None:
+    if scheme == "exponential" and n % 2 and n > MAX_ODD_EXPONENTIAL:
+        raise AsrtrainError(
+            f"topology exponential: {n} nodes, an odd number above {MAX_ODD_EXPONENTIAL}: its "
+            f"schedule cycles through {n} x {len(_exponential_offsets(n))} rounds, too many to "
+            "average here; use an even number of nodes (up to "
+            f"{MAX_DENSE_NODES}), or ring or random_ring (closed forms for any size)")
+    if n > MAX_DENSE_NODES:
+        raise AsrtrainError(
+            f"topology {scheme}: {n} nodes is more than the {MAX_DENSE_NODES} whose mixing "
+            f"matrices are computed dense ({n} x {n} x 8 bytes = {n * n * 8 / 2**30:.1f} GiB); "
+            "ring and random_ring have closed forms for any size, or use fewer nodes "
+            "(--per-node groups learners into nodes)")
 
 
 def hierarchical_gram(node_gram: np.ndarray, per_node: int) -> np.ndarray:
@@ -174,8 +243,11 @@ def spectral_gap(learners: int, scheme: str = "random_ring", per_node: int = 1,
             f"topology: {learners} learners do not split into nodes of {per_node}; "
             "choose per_node dividing the number of learners"
         )
-    gram = Schedule(learners // per_node, scheme, seed).expected_gram()
-    return 1.0 - second_eigenvalue(hierarchical_gram(gram, per_node))
+    if learners < 1:
+        raise AsrtrainError(f"topology: need at least one learner, got {learners}")
+    # E[W^T W] of the learners is kron(G, J / per_node) (``hierarchical_gram``), whose
+    # eigenvalues are G's and zeros: G is positive semi-definite, so its lambda_2 is G's.
+    return 1.0 - Schedule(learners // per_node, scheme, seed).second_eigenvalue()
 
 
 def describe(learners: int, scheme: str, per_node: int = 1, seed: int = 0) -> str:
@@ -201,4 +273,4 @@ def topology_command(learners: int, per_node: int, scheme: str, seed: int) -> No
     try:
         click.echo(describe(learners, scheme, per_node, seed))
     except AsrtrainError as e:
-        raise click.ClickException(str(e)) from e
+        raise click.ClickException(str(e)) from None
