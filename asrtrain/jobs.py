@@ -111,11 +111,20 @@ def set_threads(n: int) -> None:
     threadpool_limits(n)
 
 
-def _job_start(threads: int) -> None:
+def _job_start(threads: int, parent: int | None = None) -> None:
     """A local job: its threads, the default action on SIGTERM (the pool's way of ending it),
-    and Ctrl-C left to the parent (it inherited the CLI's handlers, which print a traceback)."""
+    and Ctrl-C left to the parent (it inherited the CLI's handlers, which print a traceback).
+    A job whose parent dies (kill -9) gets SIGTERM at once and ends quietly (Linux's
+    PR_SET_PDEATHSIG), instead of finishing its call and printing a BrokenPipeError on the
+    closed result pipe."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:   # it died before prctl
+        os._exit(0)
     set_threads(threads)
 
 
@@ -149,7 +158,7 @@ def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: 
     ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
     out: list[Any] = [None] * len(args)
     with ProcessPoolExecutor(min(jobs.nj, len(args)), mp_context=ctx, initializer=_job_start,
-                             initargs=(jobs.threads,)) as pool, \
+                             initargs=(jobs.threads, os.getpid())) as pool, \
             tqdm(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
                  leave=False) as bar:
         futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
