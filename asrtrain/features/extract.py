@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import kaldiio
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_table, write_table
+from asrtrain.features.ark import load_matrix
 from asrtrain.features.transform import cmvn_stats
 from asrtrain.fileio import atomic_ark, write_text
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
@@ -300,7 +300,7 @@ def _finish(data_dir: Path, data: DataDir, scps: list[str], feats_dir: Path,
     # One speaker's matrices at a time: SWB-2000 does not fit in memory.
     with atomic_ark(cmvn_ark, cmvn_ark.with_suffix(".scp")) as w:
         for spk, utts in data.spk2utt.items():
-            mats = [kaldiio.load_mat(feats[u]) for u in utts]
+            mats = [load_matrix(feats[u], f"{data_dir}: utterance {u}") for u in utts]
             for u, m in zip(utts, mats, strict=True):
                 utt2num_frames[u] = int(m.shape[0])
                 dim = int(m.shape[1])

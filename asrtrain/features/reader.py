@@ -16,12 +16,12 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-import kaldiio
 import numpy as np
 import torch
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_table
+from asrtrain.features.ark import load_matrix
 from asrtrain.features.transform import FeatureTransform
 
 #: The per-frame streams ``features.append`` may list, in the order they are appended.
@@ -92,11 +92,7 @@ class _MatrixTable:
     def _load(self, utt: str) -> np.ndarray:
         if utt not in self.table:
             raise AsrtrainError(f"{self.scp}: no {self.what} for utterance {utt}")
-        try:
-            m = np.asarray(kaldiio.load_mat(self.table[utt]))
-        except Exception as e:
-            raise AsrtrainError(f"{self.scp}: utterance {utt}: cannot read "
-                                f"{self.table[utt]}: {e}") from e
+        m = load_matrix(self.table[utt], f"{self.scp}: utterance {utt}")
         if m.ndim != 2:
             raise AsrtrainError(f"{self.scp}: utterance {utt}: a {m.ndim}-dim array, expected "
                                 f"a matrix [{self.unit}, dim]")
@@ -247,11 +243,7 @@ class FeatureReader:
     def _read_cmvn(self) -> dict[str, np.ndarray]:
         stats = {}
         for spk, spec in self.data.cmvn.items():
-            try:
-                stats[spk] = np.asarray(kaldiio.load_mat(spec))
-            except Exception as e:
-                raise AsrtrainError(f"{self.cmvn_scp}: speaker {spk}: cannot read the statistics "
-                                    f"{spec}: {e}") from e
+            stats[spk] = load_matrix(spec, f"{self.cmvn_scp}: speaker {spk}: the statistics")
             if stats[spk].ndim != 2 or stats[spk].shape[0] != 2:
                 raise AsrtrainError(f"{self.cmvn_scp}: speaker {spk}: statistics of shape "
                                     f"{stats[spk].shape}, expected [2, dim + 1]")
@@ -302,11 +294,7 @@ class FeatureReader:
         spec = self.data.feats.get(utt)
         if spec is None:
             raise AsrtrainError(f"{self.feats_scp}: no features for utterance {utt}")
-        try:
-            return kaldiio.load_mat(spec)
-        except Exception as e:
-            raise AsrtrainError(f"{self.feats_scp}: utterance {utt}: cannot read {spec}: "
-                                f"{e}") from e
+        return load_matrix(spec, f"{self.feats_scp}: utterance {utt}")
 
     def __getitem__(self, utt: str) -> np.ndarray:
         """``utt``'s features after CMVN and deltas: float32 [frames, dim], writeable."""
