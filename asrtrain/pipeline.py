@@ -66,6 +66,7 @@ class Stage:
     resumable: tuple[str, ...] = ()
     check: Callable[[DictConfig], None] | None = None
     verify: Callable[[DictConfig, Paths], str | None] | None = None
+    checks_first: bool = False  # calls ``StageContext.start`` itself, after checking its inputs
 
 
 @dataclass
@@ -78,6 +79,16 @@ class StageContext:
     digest: str
     resume_key: str
     fresh: bool = False      # forced, or an input reran: discard inner progress
+    on_start: Callable[[bool], None] | None = None
+
+    def start(self, keep_record: bool = False) -> None:
+        """The stage has checked its inputs and now changes its outputs: its old record goes
+        (``keep_record``: this run writes none of what it vouches for, e.g. another model's)
+        and a fresh start's generation is written. Before that a failed run leaves a finished
+        stage as it was. The pipeline calls it before ``run`` unless the stage ``checks_first``."""
+        if self.on_start is not None:
+            on_start, self.on_start = self.on_start, None
+            on_start(keep_record)
 
     def step_key(self, *parts: Any) -> str:
         """Key of an inner step: the stage's resume key and whatever identifies the step."""
@@ -296,13 +307,18 @@ class Pipeline:
                 check(self.cfg)
 
     def context(self, d: Decision) -> StageContext:
-        """The running stage's context; a fresh start's new generation is written first, so a
-        run killed now resumes within that generation."""
+        """The running stage's context; a fresh start's new generation is written when the
+        stage starts (``StageContext.start``), so a run killed after it resumes within that
+        generation and one refused before it leaves the stage as it was."""
         fresh = self._fresh(d)
-        if fresh:
-            write_text(self._generation_file(d.stage), f"{self.generations[d.stage]}\n")
+
+        def start(keep_record: bool) -> None:
+            if not keep_record:
+                (self.paths.markers / d.stage).unlink(missing_ok=True)
+            if fresh:
+                write_text(self._generation_file(d.stage), f"{self.generations[d.stage]}\n")
         return StageContext(self.cfg, self.paths, self.stages[d.stage], self.digests[d.stage],
-                            self.resume_key(d.stage), fresh)
+                            self.resume_key(d.stage), fresh, start)
 
     def record(self, name: str) -> None:
         write_text(self.paths.markers / name, json.dumps(
@@ -350,13 +366,15 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
                 continue
             stage = pipeline.stages[d.stage]
             log.info("stage %-13s starts: %s (%s)", d.stage, stage.doc, "; ".join(d.reasons))
-            (paths.markers / d.stage).unlink(missing_ok=True)
             ctx = pipeline.context(d)
+            if not stage.checks_first:
+                ctx.start()
             set_threads(int(cfg.get("threads", 1) or 1))   # the stage's own process; its jobs
             #                                                set theirs (asrtrain.jobs)
             t0 = time.time()
             with _stage_log(paths.logs / f"{d.stage}.log"), _stage_failure(d.stage, paths.exp):
                 stage.run(ctx)
+                ctx.start()  # if the stage had nothing to change
             pipeline.record(d.stage)
             log.info("stage %-13s done in %.1f s", d.stage, time.time() - t0)
             ran.append(d.stage)

@@ -15,6 +15,7 @@ recipe's config can be checked before any stage runs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,8 @@ def _float(low: float, high: float | None = None, low_open: bool = False) -> Par
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _bad(key, value, expected)
         value = float(value)
+        if not math.isfinite(value):  # NaN compares false with every bound: refused by name
+            raise _bad(key, value, "a finite " + expected[2:])
         if value < low or (low_open and value == low) or (high is not None and value > high):
             raise _bad(key, value, expected)
         return value
