@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import click
 
@@ -100,6 +101,7 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
 
     from asrtrain.pipeline import run_recipe
     from asrtrain.recipe import compose_recipe
+    from asrtrain.relocate import record_location, relocate
     from asrtrain.report import print_summary
     from asrtrain.stages import STAGES
 
@@ -109,7 +111,13 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
         click.echo(OmegaConf.to_yaml(cfg, resolve=True))
         return
     names = [n for f in force for n in f.split(",") if n]
-    run_recipe(cfg, STAGES, start, stop, True if "all" in names else set(names), dry_run)
+    # a moved or copied exp dir: its records are made to name where it is now
+    relocate(cfg.exp_dir, dry_run)
+    try:
+        run_recipe(cfg, STAGES, start, stop, True if "all" in names else set(names), dry_run)
+    finally:
+        if not dry_run and Path(cfg.exp_dir, ".done").is_dir():
+            record_location(cfg.exp_dir)
     print_summary(cfg, dry_run)
 
 

@@ -280,9 +280,12 @@ def pick_channel(samples: np.ndarray, channel: int | None, where: str) -> np.nda
     return samples[channel]
 
 
-def write_data_dir(inputs: Inputs, channel: int | None, tmp: Path) -> Path:
+def write_data_dir(inputs: Inputs, channel: int | None, tmp: Path,
+                   min_seconds: float = 0.0) -> Path:
     """Read every recording once, keep ``channel``, and lay the audio out as a Kaldi data dir
-    under ``tmp`` (mono float WAVs at the audio's own rate; the features resample them)."""
+    under ``tmp`` (mono float WAVs at the audio's own rate; the features resample them).
+    Audio (a file, or a segment of one) shorter than ``min_seconds``, the model's analysis
+    window, is an error naming it: it has no frame to decode."""
     import soundfile
     from tqdm import tqdm
 
@@ -295,6 +298,11 @@ def write_data_dir(inputs: Inputs, channel: int | None, tmp: Path) -> Path:
                                   disable=len(inputs.wav) < 5)):
         samples, rate = read_recording(inputs.wav[reco])
         mono = pick_channel(samples, channel, inputs.where[reco])
+        segmented = [u for u, seg in inputs.segments.items() if seg.recording == reco]
+        if not segmented and mono.shape[0] < min_seconds * rate:
+            raise AsrtrainError(f"{inputs.where[reco]}: {mono.shape[0]} samples at {rate} Hz "
+                                f"({mono.shape[0] / rate:.3f} s), shorter than one "
+                                f"{min_seconds * 1000:g} ms frame: nothing to transcribe")
         path = audio / f"{i:06d}.wav"
         # int16 scale back to soundfile's float scale; powers of two, so read back exactly
         soundfile.write(path, mono / 32768.0, rate, subtype="FLOAT")
@@ -306,6 +314,12 @@ def write_data_dir(inputs: Inputs, channel: int | None, tmp: Path) -> Path:
     log.info("%d recordings, %.1f s of audio at %s Hz", len(wav), sum(lengths.values()),
              ", ".join(map(str, sorted(rates))))
     segments = dict(inputs.segments)
+    for utt, seg in sorted(segments.items()):
+        length = min(seg.end, lengths.get(seg.recording, seg.end)) - seg.start
+        if length < min_seconds:
+            raise AsrtrainError(f"{inputs.where[seg.recording]}: segment {utt} ({seg.start:g}-"
+                                f"{seg.end:g} s) is {max(length, 0):.3f} s, shorter than one "
+                                f"{min_seconds * 1000:g} ms frame: nothing to transcribe")
     if segments:
         # A data dir has segments for all utterances or for none: a whole file is one segment.
         segmented = {s.recording for s in segments.values()}
@@ -328,16 +342,24 @@ def _channel_name(channels: int, channel: int | None) -> str:
     return "AB"[channel] if channel < 2 else str(channel + 1)
 
 
+def feature_options(model: Path):
+    """The ``FeatureOptions`` the model at ``model`` was trained on (audio at another rate
+    resampled to its rate)."""
+    from asrtrain.features import FeatureOptions
+    from asrtrain.models.checkpoint import ModelCheckpoint
+
+    return FeatureOptions.from_config({**ModelCheckpoint.load(model).features,
+                                       "resample": True})
+
+
 def compute_feats(data_dir: Path, model: Path, tmp: Path) -> None:
     """The features stage's extraction and CMVN on ``data_dir``, with the options the model at
     ``model`` was trained on; audio at another rate is resampled to its rate."""
     import torch
 
-    from asrtrain.features import FeatureOptions, compute_features
-    from asrtrain.models.checkpoint import ModelCheckpoint
+    from asrtrain.features import compute_features
 
-    ckpt = ModelCheckpoint.load(model)
-    opts = FeatureOptions.from_config({**ckpt.features, "resample": True})
+    opts = feature_options(model)
     threads = torch.get_num_threads()
     try:
         compute_features(data_dir, tmp / "feats", opts, nj=1)
@@ -417,7 +439,8 @@ def transcribe(exp: Path, args: Sequence[str], kind: str | None = None,
     inputs = read_inputs(args)
     index = parse_channel(channel)
     with tempfile.TemporaryDirectory(prefix="asrtrain-transcribe.") as tmp:
-        data_dir = write_data_dir(inputs, index, Path(tmp))
+        frame_s = feature_options(system.model).frame_length / 1000.0
+        data_dir = write_data_dir(inputs, index, Path(tmp), min_seconds=frame_s)
         compute_feats(data_dir, system.model, Path(tmp))
         decode(system, data_dir, Path(tmp) / "decode")
         return read_output(Path(tmp) / "decode", ctm)

@@ -340,6 +340,40 @@ def check_spk2utt(path: Path, data: DataDir) -> None:
                                 f"{utt2spk_line.get(utts[0], '?')}) is missing")
 
 
+#: Tables keyed by utterance, and by recording (which lose a recording no utterance uses).
+_UTT_TABLES = ("text", "utt2spk", "segments", "feats.scp", "utt2num_frames", "utt2dur")
+_RECO_TABLES = ("wav.scp", "reco2file_and_channel")
+
+
+def drop_utterances(path: str | Path, utts: set[str]) -> None:
+    """Remove ``utts`` from the data dir at ``path`` as Kaldi's ``utils/fix_data_dir.sh`` does:
+    their lines go from every table keyed by utterance, ``spk2utt`` loses them (and a speaker
+    left with none), ``wav.scp`` and ``reco2file_and_channel`` a recording no utterance uses any
+    more. The other lines are kept byte for byte; each table is rewritten atomically."""
+    path = Path(path)
+    data = DataDir.read(path, validate=False)
+    keep = set(data.utt2spk) - utts
+    recos = ({s.recording for u, s in data.segments.items() if u in keep} if data.segments
+             else keep)
+
+    def filtered(name: str, wanted) -> None:
+        if not (path / name).is_file():
+            return
+        lines = (path / name).read_text(encoding="utf-8").splitlines(True)
+        kept = [x for x in lines if x.split(maxsplit=1) and wanted(x.split(maxsplit=1)[0])]
+        with atomic_open(path / name, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+
+    for name in _UTT_TABLES:
+        filtered(name, lambda key: key in keep)
+    for name in _RECO_TABLES:
+        filtered(name, lambda key: key in recos)
+    spk2utt = {}
+    for utt in sorted(keep):
+        spk2utt.setdefault(data.utt2spk[utt], []).append(utt)
+    write_table(path / "spk2utt", {k: " ".join(v) for k, v in sorted(spk2utt.items())})
+
+
 def write_table(path: str | Path, table: dict[str, str]) -> None:
     """Write ``<key> <value>`` lines in C-locale key order, atomically."""
     with atomic_open(path, "w", encoding="utf-8") as f:

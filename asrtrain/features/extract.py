@@ -57,10 +57,20 @@ class FeatureOptions:
         return opts
 
 
+def window_samples(opts: FeatureOptions) -> int:
+    """Samples in one analysis window (torchaudio's and Kaldi's ``WindowSize``): audio shorter
+    than this has no frame."""
+    return int(opts.sample_rate * opts.frame_length * 0.001)
+
+
 def extract(samples: np.ndarray, opts: FeatureOptions, seed: int = 0) -> np.ndarray:
-    """Features of one utterance (1-D samples in int16 scale) as a float32 [frames, dim] array."""
+    """Features of one utterance (1-D samples in int16 scale) as a float32 [frames, dim] array;
+    audio shorter than one window is an error (torchaudio would fail on an assertion)."""
     from torchaudio.compliance import kaldi
 
+    if len(samples) < window_samples(opts):
+        raise AsrtrainError(f"{len(samples)} samples, shorter than one {opts.frame_length:g} ms "
+                            f"frame ({window_samples(opts)} samples at {opts.sample_rate} Hz)")
     wav = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).unsqueeze(0)
     torch.manual_seed(seed)
     common = dict(sample_frequency=opts.sample_rate, frame_length=opts.frame_length,
@@ -104,16 +114,33 @@ class Output:
         return feats_dir / f"raw_{self.opts.kind}_{self.name}.{self.tag}.json"
 
 
-def _extract_job(args: tuple) -> tuple[int, list[int], float]:
+@dataclass
+class JobResult:
+    """What one extraction job returns: frames written per output, its time, the measured
+    duration of every utterance it decoded (samples / rate), and the utterances too short for
+    one frame (with their sample counts), which it skipped."""
+
+    job: int
+    frames: list[int]
+    seconds: float
+    durations: dict[str, float]
+    short: dict[str, int]
+
+
+def _extract_job(args: tuple) -> JobResult:
     """One parallel job: decode the audio of a subset of the data dir once and extract every
-    output's features from it, each into its own ark."""
+    output's features from it, each into its own ark. An utterance shorter than one window is
+    skipped (Kaldi's compute-fbank-feats warns and goes on); the caller names and drops it."""
     from asrtrain.data.audio import iter_utterances
 
     data, outputs, job, show_progress = args
     opts = outputs[0][0]
+    window = max(window_samples(o) for o, _ in outputs)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     frames = [0] * len(outputs)
+    durations: dict[str, float] = {}
+    short: dict[str, int] = {}
     t0 = time.time()
     bar = tqdm(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
                disable=None if show_progress else True, leave=False, file=sys.stderr)
@@ -122,6 +149,11 @@ def _extract_job(args: tuple) -> tuple[int, list[int], float]:
             writers = [stack.enter_context(atomic_ark(ark, f"{ark[:-4]}.scp"))
                        for _, ark in outputs]
             for utt, samples in iter_utterances(data, opts.sample_rate, resample=opts.resample):
+                durations[utt] = len(samples) / opts.sample_rate
+                if len(samples) < window:
+                    short[utt] = len(samples)
+                    bar.update()
+                    continue
                 for k, ((o, _), writer) in enumerate(zip(outputs, writers, strict=True)):
                     m = extract(samples, o, _utt_seed(utt))
                     if m.shape[0] == 0:
@@ -133,20 +165,38 @@ def _extract_job(args: tuple) -> tuple[int, list[int], float]:
     finally:
         bar.close()
         torch.set_num_threads(threads)
-    return job, frames, time.time() - t0
+    return JobResult(job, frames, time.time() - t0, durations, short)
 
 
 def audio_seconds(data: DataDir) -> float:
-    """The data dir's seconds of audio: exact with segments, else estimated from the audio
-    files' sizes (8-bit 8 kHz as the slowest case; a piped command counts as a minute). Only
-    used to choose the number of worker processes."""
+    """The data dir's seconds of audio before it is decoded, to choose the number of worker
+    processes: exact with segments, else from each file's header (the WAV data chunk's or the
+    SPHERE sample count, the SPHERE file of a side command), else its size (8-bit 8 kHz, the
+    slowest case; another piped command counts as a minute). The log states the durations
+    measured from the decoded samples instead (``compute_features``)."""
     if data.segments:
         return sum(max(0.0, s.end - s.start) for s in data.segments.values())
-    total = 0.0
-    for spec in data.wav.values():
-        path = Path(spec.split()[0]) if not spec.rstrip().endswith("|") else None
-        total += path.stat().st_size / 8000 if path is not None and path.is_file() else 60.0
-    return total
+    return sum(_header_seconds(spec) for spec in data.wav.values())
+
+
+def _header_seconds(spec: str) -> float:
+    from asrtrain.data.audio import _sphere_side, check_audio_file
+
+    spec = spec.strip()
+    if spec.endswith("|"):
+        side = _sphere_side(spec[:-1].strip())
+        if side is None:
+            return 60.0
+        path = side[0]
+    else:
+        path = Path(spec)
+    try:
+        header = check_audio_file(path)
+    except AsrtrainError:
+        return 60.0    # the features job names the problem
+    if header.frames is not None and header.rate > 0:
+        return header.frames / header.rate
+    return path.stat().st_size / 8000
 
 
 def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | Path,
@@ -185,24 +235,68 @@ def compute_features(data_dirs: str | Path | list[str | Path], feats_dir: str | 
     jobs = [job for d, _ in plans for job in jobs_of[d]]
     workers = min(workers, len(jobs))
     t0 = time.time()
-    results = _run_jobs(jobs, workers, opts.kind, jobs_config)
+    results = iter(_run_jobs(jobs, workers, opts.kind, jobs_config))
     elapsed = time.time() - t0
-    frames = sum(r[1][0] for r in results)
+    results_of = {d: [next(results) for _ in jobs_of[d]] for d, _ in plans}
+    measured = sum(sum(r.durations.values()) for rs in results_of.values() for r in rs)
+    frames = sum(r.frames[0] for rs in results_of.values() for r in rs)
     figures = {"utterances": 0, "frames": frames, "seconds": elapsed,
                "frames_per_second": frames / max(elapsed, 1e-9), "workers": workers,
-               "audio_seconds": seconds}
+               "audio_seconds": measured, "skipped": 0}
     for data_dir, data in plans:
+        durations = {u: t for r in results_of[data_dir] for u, t in r.durations.items()}
+        short = {u: n for r in results_of[data_dir] for u, n in r.short.items()}
+        if short:
+            data = _drop_short(data_dir, data, short, [o for o, _ in extra] + [opts])
+            figures["skipped"] += len(short)
         for k, out in enumerate(outputs[data_dir]):
             scps = [job[1][k][1][:-4] + ".scp" for job in jobs_of[data_dir]]
             if k == 0:
-                figures["utterances"] += _finish(data_dir, data, scps, feats_dir, opts)
+                figures["utterances"] += _finish(data_dir, data, scps, feats_dir, opts,
+                                                 durations)
             else:
-                _write_record(out, feats_dir, scps)
+                # keyed by the audio the data dir now has (short utterances dropped), so that
+                # finish_pass finds these arks for it
+                _write_record(replace(out, tag=pass_key(data, out.opts)), feats_dir, scps)
     log.info("%d utterances, %d frames of %s in %.1f s (%.0f frames/s, %d processes, "
-             "%.0f s of audio%s)", figures["utterances"], frames, opts.kind, elapsed,
-             figures["frames_per_second"], workers, seconds,
+             "%.1f s of audio%s)", figures["utterances"], frames, opts.kind, elapsed,
+             figures["frames_per_second"], workers, measured,
              "".join(f"; {o.kind} too" for o, _ in extra))
     return figures
+
+
+#: Short utterances named in the warning (the rest are counted).
+SHOWN = 10
+
+
+def _drop_short(data_dir: Path, data: DataDir, short: dict[str, int],
+                all_opts: list[FeatureOptions]) -> DataDir:
+    """Remove the utterances too short for one frame from ``data_dir``'s tables (Kaldi's
+    compute-fbank-feats skips them with a warning, and utils/fix_data_dir.sh then drops them
+    everywhere), with one warning naming them and their audio; an error if none is left."""
+    from asrtrain.data.datadir import drop_utterances
+
+    opts = max(all_opts, key=window_samples)
+    kept = [u for u in data.utts if u not in short]
+
+    def where(u: str) -> str:
+        if data.segments:
+            return f"{u} ({data.at('segments', u)}: {short[u]} samples)"
+        spec = data.wav[u].strip()
+        audio = data.at("wav.scp", u) if spec.endswith("|") else spec
+        return f"{u} ({audio}: {short[u]} samples)"
+
+    named = ", ".join(where(u) for u in sorted(short)[:SHOWN])
+    more = f" and {len(short) - SHOWN} more" if len(short) > SHOWN else ""
+    frame = (f"one {opts.frame_length:g} ms frame ({window_samples(opts)} samples at "
+             f"{opts.sample_rate} Hz)")
+    if not kept:
+        raise AsrtrainError(f"{data_dir}: every utterance is shorter than {frame}: {named}{more}")
+    log.warning("%s: %d utterance%s shorter than %s skipped and removed from the data dir, as "
+                "Kaldi's compute-fbank-feats and utils/fix_data_dir.sh do: %s%s", data_dir,
+                len(short), "s" if len(short) > 1 else "", frame, named, more)
+    drop_utterances(data_dir, set(short))
+    return data.subset(kept)
 
 
 def _plan_jobs(data: DataDir, outputs: list[Output], feats_dir: Path, nj: int) -> list[tuple]:
@@ -284,8 +378,10 @@ def _audio_file(data: DataDir, utt: str) -> str:
 
 
 def _finish(data_dir: Path, data: DataDir, scps: list[str], feats_dir: Path,
-            opts: FeatureOptions) -> int:
-    """Merge the jobs' scps of one data dir, compute its CMVN stats, write its tables."""
+            opts: FeatureOptions, durations: dict[str, float] | None = None) -> int:
+    """Merge the jobs' scps of one data dir, compute its CMVN stats, write its tables (with
+    ``utt2dur``, the durations measured from the decoded samples, when given; an old one is
+    removed otherwise)."""
     name = data_dir.name
     feats: dict[str, str] = {}
     for scp in scps:
@@ -309,6 +405,10 @@ def _finish(data_dir: Path, data: DataDir, scps: list[str], feats_dir: Path,
     write_table(data_dir / "feats.scp", feats)
     write_table(data_dir / "utt2num_frames", {u: str(n) for u, n in utt2num_frames.items()})
     write_table(data_dir / "cmvn.scp", cmvn)
+    if durations is not None:
+        write_table(data_dir / "utt2dur", {u: f"{durations[u]:.3f}" for u in feats})
+    else:
+        (data_dir / "utt2dur").unlink(missing_ok=True)
     log.info("%s: %d utterances, %d frames of %d-dim %s", data_dir, len(feats),
              sum(utt2num_frames.values()), dim, opts.kind)
     return len(feats)
