@@ -139,12 +139,49 @@ class _Job:
         return self.fn(arg)
 
 
+class JobPool:
+    """The local processes of a series of :func:`run_jobs` calls (a GMM pass's iterations):
+    started at the first call that runs jobs in parallel and kept until :meth:`close` (or the
+    ``with`` block's end), instead of a pool started and ended by every call (``nj`` forks and
+    their start, 0.1-0.2 s a call, 40 calls a pass).  Its workers are forked then, so they see
+    the parent as it was at that call; a job must read what changes between calls (a model, a
+    table) from disk, as every job of ours does.  A call whose job fails or dies ends the
+    pool; the next call starts a new one."""
+
+    def __init__(self, jobs: JobConfig) -> None:
+        self.jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
+        self.started = 0          # pools started (the tests count them)
+
+    def executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+            self._pool = ProcessPoolExecutor(self.jobs.nj, mp_context=ctx,
+                                             initializer=_job_start,
+                                             initargs=(self.jobs.threads, os.getpid()))
+            self.started += 1
+        return self._pool
+
+    def close(self, cancel: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+
+    def __enter__(self) -> JobPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(cancel=exc[0] is not None)
+
+
 def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: str,
-             *, in_process: bool = False) -> list[_R]:
+             *, in_process: bool = False, pool: JobPool | None = None) -> list[_R]:
     """``[fn(a) for a in args]``, each call a job, at most ``jobs.nj`` at once, on this machine
     or the cluster (``jobs.cmd``); results in the order of ``args``.  A job that raises or dies
     stops the run with an error naming the job (``desc`` and its index).  ``in_process`` (or a
-    single job with ``cmd: local``) runs the calls here, one after another: nothing to start."""
+    single job with ``cmd: local``) runs the calls here, one after another: nothing to start.
+    ``pool``: local processes kept between calls (:class:`JobPool`; default: a pool for this
+    call only)."""
     args = list(args)
     if not args:
         return []
@@ -155,13 +192,26 @@ def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: 
     if in_process or len(args) == 1 or jobs.nj == 1:
         return [fn(a) for a in tqdm(args, desc=desc, unit="job", file=sys.stderr,
                                     disable=None if len(args) > 1 else True, leave=False)]
-    ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+    own = pool is None
+    if own:
+        pool = JobPool(JobConfig(nj=min(jobs.nj, len(args)), cmd=jobs.cmd,
+                                 threads=jobs.threads))
+    try:
+        out = _run_pooled(fn, args, pool.executor(), desc)
+    except BaseException:
+        pool.close(cancel=True)   # a failed or interrupted call ends its pool
+        raise
+    if own:
+        pool.close()
+    return out
+
+
+def _run_pooled(fn: Callable[[_A], _R], args: list[_A], executor: ProcessPoolExecutor,
+                desc: str) -> list[_R]:
     out: list[Any] = [None] * len(args)
-    with ProcessPoolExecutor(min(jobs.nj, len(args)), mp_context=ctx, initializer=_job_start,
-                             initargs=(jobs.threads, os.getpid())) as pool, \
-            tqdm(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
-                 leave=False) as bar:
-        futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
+    with tqdm(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        futures = {executor.submit(fn, a): i for i, a in enumerate(args)}
         for fut in as_completed(futures):
             i = futures[fut]
             try:

@@ -9,18 +9,28 @@ statistics in job order (``gmm-sum-accs``) and merges the parts in utterance ord
 results do not depend on ``nj``; it never holds the corpus's features.
 
 Jobs are module-level functions of one picklable argument run by :func:`asrtrain.jobs.run_jobs`:
-the same code in a forked pool or a fresh interpreter on a cluster.  A job's memory is its
-part's features (``1/nj`` of the corpus's) and its training graphs, which it compiles at its
-first alignment of a pass and keeps on disk for the next (``graphs.JOB.pt``, Kaldi's
-``fsts.JOB.gz``; the split is fixed for the pass, so job ``j`` always aligns the same
-utterances).
+the same code in a forked pool or a fresh interpreter on a cluster.  A job streams its part:
+it reads, adapts, aligns and accumulates one batch of whole speakers at a time
+(:meth:`Part.batches`, about ``part_batch_frames`` frames; Kaldi's piped jobs read one utterance
+at a time, fMLLR needs a speaker's every utterance), so its memory is the model, the statistics
+and one batch, whatever the size of its part.  Statistics run through each batch in the part's
+order into one accumulator, so they are the same bits whatever the batch size.  The training
+graphs a job compiles at its first alignment of a pass stay on disk per batch for the next
+(``graphs.JOB.B.pt``, Kaldi's ``fsts.JOB.gz``; the split and the batches are fixed for the
+pass, so job ``j``'s batch ``b`` always aligns the same utterances).
+
+Within a pass, what a job reads that does not change (the lang dir, the data dir's tables) is
+kept by the process that ran it, keyed by the pass's work dir (:func:`cached`), so the pool
+that :class:`asrtrain.jobs.JobPool` keeps for the pass reads them once per worker, not once per
+iteration.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +51,8 @@ from asrtrain.align.model import (
     GraphCache,
     Utterance,
     _align_shard,
+    _int_vector,
+    _scp_specs,
     accumulate_stats,
     adapt_features,
     add_transition_counts,
@@ -91,6 +103,28 @@ class Moments:
         return mean, np.maximum(self.s2 / self.n - mean * mean, 0.0)
 
 
+#: Frames of speech (whole speakers) a job holds at once: ~0.55 h, about 100-200 MB of
+#: features, adapted copies and training graphs (GmmConfig.part_batch_frames).
+PART_BATCH_FRAMES = 200_000
+
+_CACHE: dict[tuple[str, str, str], object] = {}
+
+
+def cached(work: str, kind: str, path: str, make: Callable[[str], object]) -> object:
+    """``make(path)``, kept by this process for the pass whose work dir is ``work`` (the lang
+    dir, the data dir's tables: they do not change within a pass); :func:`forget` drops them."""
+    key = (str(work), kind, str(path))
+    if key not in _CACHE:
+        _CACHE[key] = make(path)
+    return _CACHE[key]
+
+
+def forget(work: str | Path) -> None:
+    """Drop what :func:`cached` keeps for the pass of ``work`` (at its end)."""
+    for key in [k for k in _CACHE if k[0] == str(work)]:
+        del _CACHE[key]
+
+
 @dataclass
 class Part:
     """One job's share of a pass: its utterances (whole speakers, sorted), the data and lang
@@ -106,14 +140,41 @@ class Part:
         """``work/name`` with ``JOB`` replaced by this job's number."""
         return Path(self.work) / name.replace("JOB", str(self.index))
 
+    def lang(self) -> Lang:
+        """The lang dir, read once per process and pass."""
+        return cached(self.work, "lang", self.lang_dir, Lang.read)
+
     def read(self, lang: Lang) -> list[Utterance]:
         """The part's utterances: words, speaker and CMN'd MFCCs, read from the data dir."""
-        reader = mfcc_reader(self.data_dir)
-        words, skipped = transcripts(reader.data, lang, self.utts)
-        if skipped:
-            utt, why = next(iter(skipped.items()))
-            raise AsrtrainError(f"{self.data_dir}: utterance {utt}: {why}")
-        return [Utterance(u, words[u], reader[u], reader.data.utt2spk[u]) for u in self.utts]
+        return [u for batch in self.batches(lang, 0) for u in batch]
+
+    def batches(self, lang: Lang, max_frames: int) -> Iterator[list[Utterance]]:
+        """The part's utterances (words, speaker, CMN'd MFCCs) in batches of whole speakers of
+        at least ``max_frames`` frames each (the last may be less; 0: one batch), read from
+        the data dir as each batch is asked for.  Speakers in the order of their first
+        utterance in ``utts``, a speaker's utterances in ``utts`` order: for a part of
+        :func:`asrtrain.jobs.split_by_speaker` (speakers contiguous) that is ``utts``'s order,
+        so the batches join up to the part whatever ``max_frames``."""
+        reader = cached(self.work, "mfcc", self.data_dir, mfcc_reader)
+        utt2spk = reader.data.utt2spk
+        by_spk: dict[str, list[str]] = {}
+        for u in self.utts:
+            by_spk.setdefault(utt2spk[u], []).append(u)
+        batch: list[Utterance] = []
+        frames = 0
+        for spk, utts in by_spk.items():
+            if batch and max_frames and frames >= max_frames:
+                yield batch
+                batch, frames = [], 0
+            words, skipped = transcripts(reader.data, lang, utts)
+            if skipped:
+                utt, why = next(iter(skipped.items()))
+                raise AsrtrainError(f"{self.data_dir}: utterance {utt}: {why}")
+            for u in utts:
+                batch.append(Utterance(u, words[u], reader[u], spk))
+                frames += len(batch[-1].feats)
+        if batch:
+            yield batch
 
 
 @dataclass
@@ -130,6 +191,10 @@ class Features:
 
     def apply(self, utts: list[Utterance]) -> None:
         """Replace each utterance's CMN'd MFCCs by the features (in place)."""
+        self.applier()(utts)
+
+    def applier(self) -> Callable[[list[Utterance]], None]:
+        """:meth:`apply` with the model, matrix and transforms read once (for every batch)."""
         if self.model is not None:
             pipeline = AcousticModel.read(self.model)
             make = lambda x: model_features(pipeline, x)   # noqa: E731
@@ -139,10 +204,13 @@ class Features:
         else:
             make = lambda x: model_features(self.delta_order, x)   # noqa: E731
         trans = read_transforms(self.trans) if self.trans else None
-        for u in utts:
-            u.feats = make(u.feats)
-            if trans is not None:
-                u.feats = adapt_features(u.feats, _transform(trans, u, self.trans))
+
+        def apply(utts: list[Utterance]) -> None:
+            for u in utts:
+                u.feats = make(u.feats)
+                if trans is not None:
+                    u.feats = adapt_features(u.feats, _transform(trans, u, self.trans))
+        return apply
 
 
 def _transform(trans: Mapping[str, np.ndarray], u: Utterance, where: str | None) -> np.ndarray:
@@ -157,7 +225,11 @@ def read_alignment(scp: str | Path, utts: Iterable[Utterance]) -> dict[str, np.n
     """The phone-state (or pdf) alignment of ``utts`` from a table, int64; an utterance whose
     length differs from its features is an error, one without an alignment is left out."""
     utts = list(utts)
-    table = read_int_vectors(scp, [u.utt for u in utts])
+    return _checked_alignment(scp, read_int_vectors(scp, [u.utt for u in utts]), utts)
+
+
+def _checked_alignment(scp: str | Path, table: Mapping[str, np.ndarray],
+                       utts: list[Utterance]) -> dict[str, np.ndarray]:
     out = {}
     for u in utts:
         if u.utt not in table:
@@ -168,6 +240,36 @@ def read_alignment(scp: str | Path, utts: Iterable[Utterance]) -> dict[str, np.n
                                 f"{len(u.feats)}")
         out[u.utt] = a
     return out
+
+
+class AlignmentTable:
+    """A job's view of an alignment table (``ali.scp``, a job's ``ali_phone_state.JOB.scp``):
+    the entries of its part's utterances, found once (the scp of a whole corpus is read one
+    time per job, not per batch), read a batch at a time (:meth:`of`)."""
+
+    def __init__(self, scp: str | Path, utts: Iterable[str]) -> None:
+        specs = _scp_specs(scp)
+        self.scp = scp
+        self.specs = {u: specs[u] for u in utts if u in specs}
+
+    def of(self, utts: list[Utterance]) -> dict[str, np.ndarray]:
+        """:func:`read_alignment` of ``utts`` (int64, lengths checked)."""
+        keys = sorted((u.utt for u in utts if u.utt in self.specs), key=self.specs.__getitem__)
+        table = {k: _int_vector(self.scp, k, self.specs[k]) for k in keys}
+        return _checked_alignment(self.scp, table, utts)
+
+
+class _PartWriter:
+    """``work/name.JOB.{ark,scp}`` written a batch at a time (each batch's utterances in
+    sorted order; the merge sorts them all), renamed into place at the end."""
+
+    def __init__(self, part: Part, name: str, stack: contextlib.ExitStack) -> None:
+        ark = part.file(f"{name}.JOB.ark").resolve()
+        self.w = stack.enter_context(atomic_ark(ark, part.file(f"{name}.JOB.scp")))
+
+    def write(self, table: Mapping[str, np.ndarray]) -> None:
+        for utt in sorted(table):
+            self.w(utt, np.asarray(table[utt], dtype=np.int32))
 
 
 def _write_part(part: Part, name: str, table: Mapping[str, np.ndarray]) -> None:
@@ -209,49 +311,104 @@ class SetupResult:
     fmllr: dict | None = None
 
 
+def _batch_frames(c: Mapping) -> int:
+    return int(c.get("part_batch_frames") or PART_BATCH_FRAMES)
+
+
+class _Reiterable:
+    """An iterable made afresh by each ``iter()`` (for :meth:`TreeStats.accumulate`, which
+    goes over its items twice): the first time from ``first()``, then from ``again()``."""
+
+    def __init__(self, first: Callable[[], Iterator], again: Callable[[], Iterator]) -> None:
+        self.first, self.again, self.used = first, again, False
+
+    def __iter__(self) -> Iterator:
+        make = self.again if self.used else self.first
+        self.used = True
+        return make()
+
+
 def setup_job(a: SetupJob) -> SetupResult:
     from asrtrain.align.sat import estimate_transforms, silence_pdfs
     from asrtrain.align.train import frame_weights, silence_phone_mask
 
-    lang = Lang.read(a.part.lang_dir)
-    utts = a.part.read(lang)
+    lang = a.part.lang()
+    size = _batch_frames(a.cfg)
     out = SetupResult()
     device = torch.device(a.cfg.get("device", "cpu"))
-    if a.lda is not None:   # acc-lda on spliced CMN'd MFCCs
+    need_features = a.moments or a.tree or a.fmllr_model is not None
+    apply = a.features.applier() if need_features else None
+    prev = AlignmentTable(a.ali, a.part.utts) if (a.tree or a.lda) else None
+    pdf_ali = (AlignmentTable(a.pdf_ali, a.part.utts)
+               if (a.lda is not None or a.fmllr_model is not None) else None)
+    silence = silence_phone_mask(lang) if a.lda is not None else None
+    model = AcousticModel.read(a.fmllr_model) if a.fmllr_model is not None else None
+    sil_pdfs = silence_pdfs(model.tree, lang) if model is not None else None
+    if a.moments:
+        out.moments = Moments()
+    if model is not None:
+        out.transforms = {}
+    reports: list[dict] = []
+
+    def lda(batch: list[Utterance]) -> None:   # acc-lda on spliced CMN'd MFCCs
         num_classes, left, right = a.lda
-        pdfs = read_alignment(a.pdf_ali, utts)
-        prev = read_alignment(a.ali, utts)
-        silence = silence_phone_mask(lang)
-        out.lda = LdaStats.zeros(num_classes, utts[0].feats.shape[1] * (left + 1 + right),
-                                 device)
-        for u in utts:
-            if u.utt not in pdfs or u.utt not in prev:
+        pdfs, ali = pdf_ali.of(batch), prev.of(batch)
+        for u in batch:
+            if out.lda is None:
+                out.lda = LdaStats.zeros(num_classes, u.feats.shape[1] * (left + 1 + right),
+                                         device)
+            if u.utt not in pdfs or u.utt not in ali:
                 continue
-            w = frame_weights(prev[u.utt], silence, a.cfg["silence_weight"])
+            w = frame_weights(ali[u.utt], silence, a.cfg["silence_weight"])
             keep = w > 0
             x = splice_frames(torch.from_numpy(u.feats).to(device), left, right)[
                 torch.from_numpy(keep).to(device)]
             out.lda.accumulate(x, torch.from_numpy(pdfs[u.utt][keep]).to(device),
                                torch.from_numpy(w[keep]).to(device))
-    if not (a.moments or a.tree or a.fmllr_model):
-        return out
-    a.features.apply(utts)
-    if a.fmllr_model is not None:   # train_sat.sh without trans.*: gmm-est-fmllr from ali
-        model = AcousticModel.read(a.fmllr_model)
-        rep: dict = {}
-        out.transforms = estimate_transforms(model, utts, read_alignment(a.pdf_ali, utts),
-                                             silence_pdfs(model.tree, lang), a.cfg, report=rep)
-        out.fmllr = rep
-        for u in utts:
+
+    def features(batch: list[Utterance], first: bool) -> None:
+        apply(batch)
+        if model is None:
+            return
+        if first:   # train_sat.sh without trans.*: gmm-est-fmllr from ali
+            rep: dict = {}
+            out.transforms.update(estimate_transforms(model, batch, pdf_ali.of(batch),
+                                                      sil_pdfs, a.cfg, report=rep))
+            reports.append(rep)
+        for u in batch:
             u.feats = adapt_features(u.feats, out.transforms[u.speaker])
-    if a.moments:
-        out.moments = Moments()
-        for u in utts:
-            out.moments.accumulate(u.feats)
-    if a.tree:
-        prev = read_alignment(a.ali, utts)
-        out.tree = TreeStats.accumulate(
-            [(frame_contexts(prev[u.utt]), u.feats) for u in utts if u.utt in prev])
+
+    def first() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for batch in a.part.batches(lang, size):
+            if a.lda is not None:
+                lda(batch)
+            if not need_features:
+                continue
+            features(batch, True)
+            if a.moments:
+                for u in batch:
+                    out.moments.accumulate(u.feats)
+            if a.tree:
+                ali = prev.of(batch)
+                for u in batch:
+                    if u.utt in ali:
+                        yield frame_contexts(ali[u.utt]), u.feats
+
+    def again() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for batch in a.part.batches(lang, size):
+            features(batch, False)
+            ali = prev.of(batch)
+            for u in batch:
+                if u.utt in ali:
+                    yield frame_contexts(ali[u.utt]), u.feats
+
+    if a.tree:   # acc-tree-stats: the items twice, the second time made again from disk
+        out.tree = TreeStats.accumulate(_Reiterable(first, again))
+    else:
+        for _ in first():
+            pass
+    if reports:
+        out.fmllr = reports[0] if len(reports) == 1 else merge_fmllr_reports(reports)
     return out
 
 
@@ -260,14 +417,15 @@ def setup_job(a: SetupJob) -> SetupResult:
 
 @dataclass
 class IterJob:
-    """One job of an iteration, over its part: features of ``model`` (a model file) adapted by
-    ``trans``; the alignment (``align``): ``viterbi`` (realign, written to
-    ``ali_phone_state.JOB``), ``equal`` (mono's start, written too) or ``read`` from
-    ``ali``; then what ``what`` asks, in this order: ``fmllr`` (the speakers' transforms
-    re-estimated, composed with ``trans``, the features re-adapted), ``mllt`` (statistics),
-    ``gmm`` (statistics and transition counts), ``moments``, ``alimdl`` (the unadapted
-    features' statistics under the adapted ones' posteriors), ``final`` (the pdf alignment
-    written too, ``ali.JOB``)."""
+    """One job of an iteration, over its part, a batch of whole speakers at a time
+    (:meth:`Part.batches`): features of ``model`` (a model file) adapted by ``trans``; the
+    alignment (``align``): ``viterbi`` (realign, written to ``ali_phone_state.JOB``),
+    ``equal`` (mono's start, written too) or ``read`` from ``ali``; then what ``what`` asks,
+    in this order: ``fmllr`` (the speakers' transforms re-estimated, composed with ``trans``,
+    the features re-adapted), ``mllt`` (statistics), ``gmm`` (statistics and transition
+    counts), ``moments``, ``alimdl`` (the unadapted features' statistics under the adapted
+    ones' posteriors), ``final`` (the pdf alignment written too, ``ali.JOB``).  At most one of
+    ``mllt``, ``gmm``, ``alimdl``: each takes the part's frames as one stream."""
 
     part: Part
     model: str
@@ -301,88 +459,138 @@ def iter_job(a: IterJob) -> IterResult:
     from asrtrain.align.sat import compose_transforms, estimate_transforms, silence_pdfs
 
     c = a.cfg
+    streams = [w for w in ("mllt", "gmm", "alimdl") if w in a.what]
+    if len(streams) > 1:
+        raise AsrtrainError(f"iter_job: {streams} in one job (at most one statistics stream)")
     device = torch.device(c.get("device", "cpu"))
     model = AcousticModel.read(a.model)
-    lang = Lang.read(a.part.lang_dir)
-    utts = a.part.read(lang)
-    base = {}
-    for u in utts:
-        u.feats = model_features(model, u.feats)
-        base[u.utt] = u.feats
+    lang = a.part.lang()
     trans = read_transforms(a.trans) if a.trans else None
-    if trans is not None:
-        for u in utts:
-            u.feats = adapt_features(base[u.utt], _transform(trans, u, a.trans))
+    prev = AlignmentTable(a.ali, a.part.utts) if a.align == "read" else None
+    num_states = ({p: lang.phones.topology(p).num_states for p in lang.phones.real_phone_ids}
+                  if a.align == "equal" else None)
+    sil_pdfs = silence_pdfs(model.tree, lang) if "fmllr" in a.what else None
     out = IterResult()
-    if a.align == "viterbi":
-        t0 = time.time()
-        cache = _graphs(a.part, model, c)
-        with tqdm(total=len(utts), desc=a.progress, unit="utt", file=sys.stderr,
-                  disable=None if a.progress else True, leave=False) as bar:
-            res = _align_shard(model, lang, utts, c, cache, bar)
-        if res.compiled and cache.graphs:
-            with atomic_open(a.part.file("graphs.JOB.pt"), "wb") as f:
-                torch.save(cache.graphs, f)
-        out.compiled = res.compiled
-        phone_state = {k: v.astype(np.int64) for k, v in res.phone_state.items()}
-        out.acoustic, out.failed = res.acoustic, res.failed
-        out.frames = sum(len(v) for v in phone_state.values())
-        out.align_seconds = time.time() - t0
-        _write_part(a.part, "ali_phone_state", phone_state)
-        if "final" in a.what:
-            _write_part(a.part, "ali", res.pdf)
-    elif a.align == "equal":
-        num_states = {p: lang.phones.topology(p).num_states for p in lang.phones.real_phone_ids}
-        phone_state = {}
-        for u in utts:
-            eq = equal_alignment(lang, u.words, len(u.feats), num_states.__getitem__)
-            if eq is None:
-                out.failed[u.utt] = f"equal alignment impossible ({len(u.feats)} frames)"
-                continue
-            phone_state[u.utt] = np.array([ph * STATE_BITS + s for ph, s in eq], dtype=np.int64)
-        _write_part(a.part, "ali_phone_state", phone_state)
-    else:
-        phone_state = read_alignment(a.ali, utts)
-    aligned = [u for u in utts if u.utt in phone_state]
-    if "fmllr" in a.what:
-        pdfs = {u.utt: pdfs_of(model.tree, frame_contexts(phone_state[u.utt])) for u in aligned}
-        rep: dict = {}
-        new = estimate_transforms(model, utts, pdfs, silence_pdfs(model.tree, lang), c,
-                                  report=rep)
-        out.transforms = compose_transforms(new, trans)
-        out.fmllr = rep
-        for u in utts:
-            u.feats = adapt_features(base[u.utt], out.transforms[u.speaker])
-    if "mllt" in a.what:
-        out.mllt = _mllt_stats(model, aligned, phone_state, lang, c, device)
-    if "gmm" in a.what:
-        _, out.stats, out.counts = accumulate_stats(
-            model, ((u.feats, phone_state[u.utt]) for u in aligned), device)
     if "moments" in a.what:
         out.moments = Moments()
-        for u in utts:
-            out.moments.accumulate(u.feats)
-    if "alimdl" in a.what:
-        from asrtrain.align.sat import alimdl_stats
+    if "fmllr" in a.what:
+        out.transforms = {}
+    reports: list[dict] = []
 
-        out.alimdl, out.alimdl_moments = alimdl_stats(model, aligned, base, phone_state, device)
+    def stream(writers: dict[str, _PartWriter], bar: tqdm
+               ) -> Iterator[tuple[Utterance, np.ndarray, np.ndarray]]:
+        """The part's aligned utterances, batch by batch: ``(utterance with the pass's
+        features, phone-state alignment, unadapted features)``."""
+        for b, utts in enumerate(a.part.batches(lang, _batch_frames(c))):
+            base = {}
+            for u in utts:
+                u.feats = model_features(model, u.feats)
+                base[u.utt] = u.feats
+            if trans is not None:
+                for u in utts:
+                    u.feats = adapt_features(base[u.utt], _transform(trans, u, a.trans))
+            if a.align == "viterbi":
+                t0 = time.time()
+                cache = _graphs(a.part, b, model, c)
+                res = _align_shard(model, lang, utts, c, cache, bar)
+                if res.compiled and cache.graphs:
+                    with atomic_open(a.part.file(f"graphs.JOB.{b}.pt"), "wb") as f:
+                        torch.save(cache.graphs, f)
+                del cache
+                out.compiled += res.compiled
+                phone_state = {k: v.astype(np.int64) for k, v in res.phone_state.items()}
+                out.acoustic.update(res.acoustic)
+                out.failed.update(res.failed)
+                out.frames += sum(len(v) for v in phone_state.values())
+                out.align_seconds += time.time() - t0
+                writers["ali_phone_state"].write(phone_state)
+                if "final" in a.what:
+                    writers["ali"].write(res.pdf)
+            elif a.align == "equal":
+                phone_state = {}
+                for u in utts:
+                    eq = equal_alignment(lang, u.words, len(u.feats), num_states.__getitem__)
+                    if eq is None:
+                        out.failed[u.utt] = f"equal alignment impossible ({len(u.feats)} frames)"
+                        continue
+                    phone_state[u.utt] = np.array([ph * STATE_BITS + s for ph, s in eq],
+                                                  dtype=np.int64)
+                writers["ali_phone_state"].write(phone_state)
+            else:
+                phone_state = prev.of(utts)
+            aligned = [u for u in utts if u.utt in phone_state]
+            if "fmllr" in a.what:
+                pdfs = {u.utt: pdfs_of(model.tree, frame_contexts(phone_state[u.utt]))
+                        for u in aligned}
+                rep: dict = {}
+                new = estimate_transforms(model, utts, pdfs, sil_pdfs, c, report=rep)
+                reports.append(rep)
+                new = compose_transforms(new, trans)
+                out.transforms.update(new)
+                for u in utts:
+                    u.feats = adapt_features(base[u.utt], new[u.speaker])
+            if out.moments is not None:
+                for u in utts:
+                    out.moments.accumulate(u.feats)
+            for u in aligned:
+                yield u, phone_state[u.utt], base[u.utt]
+
+    with contextlib.ExitStack() as stack:
+        writers = {}
+        if a.align in ("viterbi", "equal"):
+            writers["ali_phone_state"] = _PartWriter(a.part, "ali_phone_state", stack)
+        if a.align == "viterbi" and "final" in a.what:
+            writers["ali"] = _PartWriter(a.part, "ali", stack)
+        bar = stack.enter_context(tqdm(
+            total=len(a.part.utts), desc=a.progress, unit="utt", file=sys.stderr,
+            disable=None if a.progress and a.align == "viterbi" else True, leave=False))
+        items = stream(writers, bar)
+        if "mllt" in a.what:
+            out.mllt = _mllt_stats(model, items, lang, c, device)
+        elif "gmm" in a.what:
+            _, out.stats, out.counts = accumulate_stats(
+                model, ((u.feats, ps) for u, ps, _ in items), device)
+        elif "alimdl" in a.what:
+            from asrtrain.align.sat import alimdl_stats
+
+            # alimdl_stats looks an utterance's alignment and unadapted features up as it
+            # takes the utterance: the stream puts them there one utterance at a time
+            one_ps: dict[str, np.ndarray] = {}
+            one_base: dict[str, np.ndarray] = {}
+
+            def utterances() -> Iterator[Utterance]:
+                for u, ps, base in items:
+                    one_ps.clear()
+                    one_base.clear()
+                    one_ps[u.utt], one_base[u.utt] = ps, base
+                    yield u
+
+            out.alimdl, out.alimdl_moments = alimdl_stats(model, utterances(), one_base,
+                                                          one_ps, device)
+        else:
+            for _ in items:
+                pass
+    if reports:
+        out.fmllr = reports[0] if len(reports) == 1 else merge_fmllr_reports(reports)
     return out
 
 
-def _graphs(part: Part, model: AcousticModel, c: Mapping) -> GraphCache:
-    """The job's training graphs: those its earlier alignments of the pass compiled, from
-    ``graphs.JOB.pt`` (the pass's tree is fixed, and so are the job's utterances)."""
+def _graphs(part: Part, batch: int, model: AcousticModel, c: Mapping) -> GraphCache:
+    """A batch's training graphs: those its earlier alignments of the pass compiled, from
+    ``graphs.JOB.B.pt`` (the pass's tree is fixed, and so are the job's batches)."""
     cache = GraphCache(c.get("graph_cache_mb", 4096.0)).for_tree(model.tree)
-    path = part.file("graphs.JOB.pt")
+    path = part.file(f"graphs.JOB.{batch}.pt")
     if path.is_file():
         for utt, g in torch.load(path, weights_only=False).items():
             cache.keep(utt, g)
     return cache
 
 
-def _mllt_stats(model: AcousticModel, utts: list[Utterance], phone_state: Mapping,
-                lang: Lang, c: Mapping, device: torch.device) -> MlltStats:
-    """``gmm-acc-mllt`` of the aligned utterances (silence weighted), in batches of frames."""
+def _mllt_stats(model: AcousticModel,
+                items: Iterable[tuple[Utterance, np.ndarray, np.ndarray]], lang: Lang,
+                c: Mapping, device: torch.device) -> MlltStats:
+    """``gmm-acc-mllt`` of the aligned utterances ``(utterance, phone-state alignment, _)``
+    (silence weighted), in batches of frames."""
     from asrtrain.align.train import (
         batch_frames,
         frame_batches,
@@ -395,8 +603,7 @@ def _mllt_stats(model: AcousticModel, utts: list[Utterance], phone_state: Mappin
     stats = MlltStats.zeros(gmm.dim, device)
 
     def frames():
-        for u in utts:
-            ps = phone_state[u.utt]
+        for u, ps, _ in items:
             w = frame_weights(ps, silence, c["silence_weight"])
             keep = w > 0
             yield u.feats[keep], pdfs_of(model.tree, frame_contexts(ps))[keep], w[keep]
@@ -414,10 +621,10 @@ def _mllt_stats(model: AcousticModel, utts: list[Utterance], phone_state: Mappin
 
 @dataclass
 class AlignFmllrJob:
-    """``align_fmllr.sh`` for one part: the alignment model on unadapted features, the
-    speakers' transforms from that alignment (posteriors of the alignment model), the
-    final model on the adapted features; both alignments written (``ali.JOB``,
-    ``ali_phone_state.JOB``: the second)."""
+    """``align_fmllr.sh`` for one part, a batch of whole speakers at a time: the alignment
+    model on unadapted features, the speakers' transforms from that alignment (posteriors of
+    the alignment model), the final model on the adapted features; both alignments written
+    (``ali.JOB``, ``ali_phone_state.JOB``: the second)."""
 
     part: Part
     model: str
@@ -438,28 +645,41 @@ def align_fmllr_job(a: AlignFmllrJob) -> AlignFmllrResult:
 
     c = a.cfg
     model, alimdl = AcousticModel.read(a.model), AcousticModel.read(a.alimdl)
-    lang = Lang.read(a.part.lang_dir)
-    utts = a.part.read(lang)
-    for u in utts:
-        u.feats = model_features(model, u.feats)
-    cache = GraphCache(c.get("graph_cache_mb", 4096.0))
-    results = []
-    t0 = time.time()
-    first = _align_shard(alimdl, lang, utts, c, cache.for_tree(alimdl.tree))
-    results.append(IterResult(first.acoustic, first.failed,
-                              sum(len(v) for v in first.pdf.values()), time.time() - t0))
-    rep: dict = {}
-    transforms = estimate_transforms(model, utts, first.pdf, silence_pdfs(model.tree, lang), c,
-                                     posterior_model=alimdl, report=rep)
-    for u in utts:
-        u.feats = adapt_features(u.feats, transforms[u.speaker])
-    t0 = time.time()
-    second = _align_shard(model, lang, utts, c, cache.for_tree(model.tree))
-    results.append(IterResult(second.acoustic, second.failed,
-                              sum(len(v) for v in second.pdf.values()), time.time() - t0))
-    _write_part(a.part, "ali_phone_state", second.phone_state)
-    _write_part(a.part, "ali", second.pdf)
-    return AlignFmllrResult(results[0], results[1], transforms, rep)
+    lang = a.part.lang()
+    sil_pdfs = silence_pdfs(model.tree, lang)
+    first, second, transforms, reports = IterResult(), IterResult(), {}, []
+    with contextlib.ExitStack() as stack:
+        ali_ps = _PartWriter(a.part, "ali_phone_state", stack)
+        ali = _PartWriter(a.part, "ali", stack)
+        for utts in a.part.batches(lang, _batch_frames(c)):
+            for u in utts:
+                u.feats = model_features(model, u.feats)
+            cache = GraphCache(c.get("graph_cache_mb", 4096.0))
+            t0 = time.time()
+            one = _align_shard(alimdl, lang, utts, c, cache.for_tree(alimdl.tree))
+            _add_alignment(first, one, time.time() - t0)
+            rep: dict = {}
+            new = estimate_transforms(model, utts, one.pdf, sil_pdfs, c, posterior_model=alimdl,
+                                      report=rep)
+            transforms.update(new)
+            reports.append(rep)
+            for u in utts:
+                u.feats = adapt_features(u.feats, new[u.speaker])
+            t0 = time.time()
+            two = _align_shard(model, lang, utts, c, cache.for_tree(model.tree))
+            _add_alignment(second, two, time.time() - t0)
+            ali_ps.write(two.phone_state)
+            ali.write(two.pdf)
+    rep = reports[0] if len(reports) == 1 else merge_fmllr_reports(reports)
+    return AlignFmllrResult(first, second, transforms, rep)
+
+
+def _add_alignment(out: IterResult, res, seconds: float) -> None:
+    out.acoustic.update(res.acoustic)
+    out.failed.update(res.failed)
+    out.frames += sum(len(v) for v in res.pdf.values())
+    out.align_seconds += seconds
+
 
 
 def sum_gmm(parts: Iterable[IterResult]) -> tuple[GmmStats, dict[int, np.ndarray]]:

@@ -62,6 +62,7 @@ from asrtrain.align.passjobs import (
     Part,
     SetupJob,
     SetupResult,
+    forget,
     iter_job,
     setup_job,
     sum_gmm,
@@ -69,7 +70,7 @@ from asrtrain.align.passjobs import (
 from asrtrain.align.tree import build_tree, cluster_phones, mono_tree
 from asrtrain.data.datadir import DataDir
 from asrtrain.fileio import atomic_dir, write_text
-from asrtrain.jobs import JobConfig, run_jobs, split_by_speaker
+from asrtrain.jobs import JobConfig, JobPool, run_jobs, split_by_speaker
 from asrtrain.lang.lexicon import Lang
 
 if TYPE_CHECKING:
@@ -109,6 +110,8 @@ class GmmConfig:
     device: str = "cpu"                  # cpu | cuda[:N]: where likelihoods and Viterbi run
     nj: int = 1                          # parallel alignment jobs on the CPU (the pipeline's nj)
     graph_cache_mb: float = 4096.0       # training graphs kept for the pass's realignments
+    part_batch_frames: int = 200000      # frames (whole speakers) a job holds at once: its
+    #                                      memory, not its results (passjobs.Part.batches)
     type: str = "deltas"                 # deltas | lda_mllt (tri3) | sat (tri4)
     left_context: int = 3                # lda_mllt: splice-feats --left-context
     right_context: int = 3               # lda_mllt: splice-feats --right-context
@@ -211,7 +214,8 @@ class _PassJobs:
     removed by the pipeline with the other temporaries): the current model (``cur.mdl``),
     transforms (``trans.scp``), LDA matrix, the jobs' alignment parts and graphs.  The jobs read
     the current alignment from ``prev_ali`` (the previous pass's table) until the pass aligns,
-    then from their own parts."""
+    then from their own parts.  Local jobs run in one pool of processes kept for the pass
+    (:class:`asrtrain.jobs.JobPool`)."""
 
     def __init__(self, data_dir: Path, lang_dir: Path, out_dir: Path, utts: list[str],
                  data: DataDir, jobs: JobConfig, c: GmmConfig, name: str) -> None:
@@ -232,12 +236,19 @@ class _PassJobs:
         self.trans: str | None = None
         self.num_utts = len(utts)
         self.compiled = 0
+        # one pool of local processes for the pass's every run of jobs (not one per iteration)
+        self.pool = JobPool(JobConfig(nj=max(1, min(jobs.nj, len(self.parts))), cmd=jobs.cmd,
+                                      threads=jobs.threads))
 
     def __enter__(self) -> _PassJobs:
         return self
 
     def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.work, ignore_errors=True)
+        try:
+            self.pool.close(cancel=exc[0] is not None)
+        finally:
+            forget(self.work)
+            shutil.rmtree(self.work, ignore_errors=True)
 
     def run(self, fn: Callable, make: Callable[[Part], object], desc: str) -> list:
         """``fn`` over the parts, ``make(part)`` its argument; results in job order.  Jobs run
@@ -250,7 +261,7 @@ class _PassJobs:
                 if hasattr(a, "progress"):
                     a.progress = f"{self.name}: {desc}"
         return run_jobs(fn, args, self.jobs, f"{self.name}: {desc}",
-                        in_process=self.in_process)
+                        in_process=self.in_process, pool=self.pool)
 
     def setup(self, features: Features, desc: str, **kw) -> list[SetupResult]:
         return self.run(setup_job, lambda p: SetupJob(p, features, ali=self.prev_ali,

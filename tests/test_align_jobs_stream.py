@@ -1,0 +1,114 @@
+"""A GMM pass's jobs stream their part a batch of whole speakers at a time (issue 22: a job's
+memory is the model, the statistics and one batch, not its part's features): with one speaker
+per batch the passes give the same bytes as with the whole part in one batch — alignments,
+trees, models, transforms and ``final.alimdl`` exactly equal, not to a tolerance — because
+every statistic runs through the batches in the part's order into one accumulator.
+
+The corpus, lang, mono, tri1 and tri3 passes are test_align's and test_align_adapt's session
+fixtures (4 voices as 4 speakers of 12 training utterances each).
+"""
+
+# ruff: noqa: F811  (session fixtures, imported, are test arguments here)
+from __future__ import annotations
+
+import filecmp
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_align import corpus, mono, mono_ali, tri1  # noqa: F401  (fixtures)
+from test_align_adapt import TRI3, TRI4, tri3  # noqa: F401  (fixtures)
+
+from asrtrain.align import align_data, train_pass
+from asrtrain.align.model import AcousticModel, read_transforms
+from asrtrain.align.passjobs import Part
+from asrtrain.data.datadir import DataDir
+from asrtrain.jobs import split_by_speaker
+from asrtrain.lang.lexicon import Lang
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+def _same_bytes(a: Path, b: Path, names: list[str]) -> None:
+    for name in names:
+        if name.endswith(".scp"):   # offsets into the same bytes, paths of their own dirs
+            assert a.joinpath(name).read_text().replace(str(a.resolve()), "") == \
+                b.joinpath(name).read_text().replace(str(b.resolve()), ""), name
+        else:
+            assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
+def _equal_models(one: AcousticModel, two: AcousticModel) -> None:
+    for name in ("means", "vars", "log_weights"):
+        assert torch.equal(getattr(one.gmm, name), getattr(two.gmm, name)), name
+    assert np.array_equal(one.var_floor, two.var_floor)
+    assert sorted(one.log_trans) == sorted(two.log_trans)
+    for p in one.log_trans:
+        assert np.array_equal(one.log_trans[p], two.log_trans[p]), p
+    assert (one.lda_mllt is None) == (two.lda_mllt is None)
+    if one.lda_mllt is not None:
+        assert np.array_equal(one.lda_mllt, two.lda_mllt)
+
+
+def test_batches_are_whole_speakers_in_the_parts_order(corpus, tmp_path) -> None:
+    data = DataDir.read(corpus["train"])
+    spk2utt: dict[str, list[str]] = {}
+    for u in data.utts:
+        spk2utt.setdefault(data.utt2spk[u], []).append(u)
+    lang = Lang.read(corpus["lang"])
+    for utts in split_by_speaker(spk2utt, 2):
+        part = Part(1, str(corpus["train"]), str(corpus["lang"]), utts, str(tmp_path))
+        whole = list(part.batches(lang, 0))
+        assert len(whole) == 1 and [u.utt for u in whole[0]] == utts
+        for size in (1, 500):
+            batches = list(part.batches(lang, size))
+            assert [u.utt for b in batches for u in b] == utts
+            speakers = [{u.speaker for u in b} for b in batches]
+            assert len(set().union(*speakers)) == sum(map(len, speakers))   # none split
+            assert all(sum(len(u.feats) for u in b) >= size for b in batches[:-1])
+            got = {u.utt: u.feats for u in whole[0]}
+            assert all(np.array_equal(u.feats, got[u.utt]) for b in batches for u in b)
+        assert len(list(part.batches(lang, 1))) == len({data.utt2spk[u] for u in utts})
+
+
+@pytest.mark.parametrize("kind", ["tri2", "tri3", "tri4"])
+def test_a_speaker_per_batch_gives_the_same_bytes(corpus, tri1, tri3, tmp_path, kind) -> None:
+    """Tree, LDA, MLLT, fMLLR, GMM and final.alimdl statistics and the realignments, streamed
+    a speaker at a time (part_batch_frames=1) and the whole part at once, nj=2: the same."""
+    src, cfg = {"tri2": (tri1, {**TRI3, "type": "deltas"}), "tri3": (tri1, TRI3),
+                "tri4": (tri3, TRI4)}[kind]
+    cfg = dict(cfg, num_iters=4, realign_iters=[2, 4], mllt_iters=[1, 3], fmllr_iters=[1, 3],
+               nj=2)
+    whole, streamed = tmp_path / "whole", tmp_path / "streamed"
+    train_pass(corpus["train"], corpus["lang"], src, whole, dict(cfg, part_batch_frames=10 ** 9))
+    train_pass(corpus["train"], corpus["lang"], src, streamed, dict(cfg, part_batch_frames=1))
+    _same_bytes(whole, streamed, ["ali.ark", "ali_phone_state.ark", "tree.txt", "ali.scp"])
+    _equal_models(AcousticModel.load(whole), AcousticModel.load(streamed))
+    if kind == "tri4":
+        t1, t2 = read_transforms(whole), read_transforms(streamed)
+        assert sorted(t1) == sorted(t2)
+        assert all(np.array_equal(t1[s], t2[s]) for s in t1)
+        _equal_models(AcousticModel.load(whole, alignment_model=True),
+                      AcousticModel.load(streamed, alignment_model=True))
+        # align_fmllr (align_data of a SAT model): both passes and the transforms, streamed
+        out = {}
+        for name, size in (("whole", 10 ** 9), ("streamed", 1)):
+            out[name] = tmp_path / f"ali_{name}"
+            align_data(corpus["test"], corpus["lang"], whole, out[name],
+                       {"nj": 1, "fmllr_min_count": 100, "part_batch_frames": size})
+        _same_bytes(out["whole"], out["streamed"], ["ali.ark", "ali_phone_state.ark",
+                                                    "trans.ark"])
+
+
+def test_mono_streamed_gives_the_same_bytes(corpus, tmp_path) -> None:
+    from test_align import MONO
+
+    from asrtrain.align.train import train_mono
+
+    whole, streamed = tmp_path / "whole", tmp_path / "streamed"
+    cfg = dict(MONO, num_iters=3, realign_iters=[1, 3], nj=2)
+    train_mono(corpus["train"], corpus["lang"], whole, dict(cfg, part_batch_frames=10 ** 9))
+    train_mono(corpus["train"], corpus["lang"], streamed, dict(cfg, part_batch_frames=1))
+    _same_bytes(whole, streamed, ["ali.ark", "ali_phone_state.ark", "tree.txt"])
+    _equal_models(AcousticModel.load(whole), AcousticModel.load(streamed))
