@@ -204,6 +204,19 @@ class Pipeline:
     def _generation_file(self, name: str) -> Path:
         return self.paths.markers / f".{name}.generation"
 
+    def _force_note(self, name: str) -> tuple[Path, str]:
+        """Where a forced run that started ``name`` says so, and what it says: the stage's
+        settings and inputs. While it is there (until a run ends well), ``--force`` of the same
+        stage with the same settings resumes that run (a SLURM requeue, "run the same command
+        to resume" after Ctrl-C) instead of starting it over once more."""
+        return (self.paths.markers / f".{name}.forced",
+                _hash({"config": _strip(self.values[name], self.stages[name].resumable),
+                       "inputs": self.inputs[name]}))
+
+    def _force_begun(self, name: str) -> bool:
+        note, key = self._force_note(name)
+        return note.is_file() and note.read_text().strip() == key
+
     def _digest_from(self, first: int) -> None:
         """(Re)compute the digests of the stages from index ``first`` on, in order."""
         for name in self.names[first:]:
@@ -239,8 +252,9 @@ class Pipeline:
         decisions: dict[str, Decision] = {}
         for i, name in enumerate(self.names):
             d = Decision(name, False, digest=self.digests[name], in_range=i0 <= i <= i1)
-            if name in forced:
-                d.reasons.append("forced")
+            if name in forced:   # the same command again after a stop resumes, not restarts
+                d.reasons.append("forced: resuming the forced run that stopped"
+                                 if self._force_begun(name) else "forced")
             record = read_marker(self.paths.markers / name)
             if record is None:
                 d.reasons.append("not done yet")
@@ -311,12 +325,15 @@ class Pipeline:
         stage starts (``StageContext.start``), so a run killed after it resumes within that
         generation and one refused before it leaves the stage as it was."""
         fresh = self._fresh(d)
+        note = self._force_note(d.stage)
 
         def start(keep_record: bool) -> None:
             if not keep_record:
                 (self.paths.markers / d.stage).unlink(missing_ok=True)
             if fresh:
                 write_text(self._generation_file(d.stage), f"{self.generations[d.stage]}\n")
+            if "forced" in d.reasons:
+                write_text(note[0], note[1] + "\n")
         return StageContext(self.cfg, self.paths, self.stages[d.stage], self.digests[d.stage],
                             self.resume_key(d.stage), fresh, start)
 
@@ -378,6 +395,8 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             pipeline.record(d.stage)
             log.info("stage %-13s done in %.1f s", d.stage, time.time() - t0)
             ran.append(d.stage)
+    for note in paths.markers.glob(".*.forced"):  # the forced run is over
+        note.unlink(missing_ok=True)
     in_range = [d.stage for d in decisions if d.in_range]
     if not ran:
         log.info("nothing to do: every stage from %s to %s is done", in_range[0], in_range[-1])

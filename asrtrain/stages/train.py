@@ -6,16 +6,21 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from asrtrain.pipeline import Stage, StageContext
+from asrtrain.pipeline import Stage, StageContext, read_marker
 from asrtrain.recipe import Paths
 
 
-def check_trainer(trainer: DictConfig) -> None:
-    """Validate the trainer settings before anything is written (a bad value must not cost
-    the checkpoints of a finished run)."""
+def check_trainer(trainer: DictConfig, model: DictConfig | None = None,
+                  model_key: str = "model") -> None:
+    """Validate the trainer settings (and the numbers of ``model``, the config at
+    ``model_key``) before anything is written (a bad value must not cost the checkpoints of a
+    finished run)."""
     from asrtrain.train.config import TrainerConfig
+    from asrtrain.train.inputs import check_finite
 
     t = TrainerConfig.from_config(trainer)
+    if model is not None:
+        check_finite(model, model_key)
     if t.precision != "fp32":  # a CPU that cannot train in it is refused before any stage runs
         import torch
 
@@ -56,11 +61,21 @@ def _verify(cfg: DictConfig, paths: Paths) -> str | None:
     return final_model_damage(paths.model_dir(str(cfg.model.name)))
 
 
+def starter(ctx: StageContext, model_name: str):
+    """What the training run calls once its inputs are checked: ``ctx.start``, keeping the
+    stage's record when it is another model's (this run does not touch that model's dir, so a
+    failed run must not make a finished model look undone)."""
+    record = read_marker(ctx.paths.markers / ctx.stage.name) or {}
+    recorded = ((record.get("config") or {}).get("model") or {}).get("name")
+    return lambda: ctx.start(keep_record=recorded is not None and recorded != model_name)
+
+
 def run(ctx: StageContext) -> None:
     from asrtrain.train.run import train_model
 
-    train_model(ctx.cfg, ctx.paths.model_dir(str(ctx.cfg.model.name)), ctx.paths.exp,
-                ctx.resume_key, ctx.fresh)
+    name = str(ctx.cfg.model.name)
+    train_model(ctx.cfg, ctx.paths.model_dir(name), ctx.paths.exp, ctx.resume_key, ctx.fresh,
+                started=starter(ctx, name))
 
 
 def trainer_keys(section: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -74,5 +89,5 @@ IGNORED, RESUMABLE_KEYS = trainer_keys("trainer")
 
 STAGE = Stage("train", run, reads=("features", "lang"), config=_settings,
               ignored=IGNORED, resumable=RESUMABLE_KEYS,
-              check=lambda cfg: check_trainer(cfg.trainer), verify=_verify,
-              doc="acoustic model training (CTC)")
+              check=lambda cfg: check_trainer(cfg.trainer, cfg.model), verify=_verify,
+              checks_first=True, doc="acoustic model training (CTC)")

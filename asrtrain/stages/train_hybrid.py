@@ -13,7 +13,13 @@ from asrtrain import AsrtrainError
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths
 from asrtrain.stages.align import final_alignments
-from asrtrain.stages.train import check_trainer, final_model_damage, trainer_keys, trainer_settings
+from asrtrain.stages.train import (
+    check_trainer,
+    final_model_damage,
+    starter,
+    trainer_keys,
+    trainer_settings,
+)
 
 #: The settings of a features config that say how stored fbank features are read (all others
 #: say how they are made, and must be the ``features`` group's, whose features the stage made).
@@ -40,8 +46,9 @@ def run(ctx: StageContext) -> None:
     from asrtrain.train.run import train_model
 
     hcfg = hybrid_config(ctx.cfg, ctx.paths)
-    train_model(hcfg, ctx.paths.model_dir(str(hcfg.model.name)), ctx.paths.exp,
-                ctx.resume_key, ctx.fresh)
+    name = str(hcfg.model.name)
+    train_model(hcfg, ctx.paths.model_dir(name), ctx.paths.exp, ctx.resume_key, ctx.fresh,
+                started=starter(ctx, name))
 
 
 def _trainer(cfg: DictConfig) -> DictConfig:
@@ -57,7 +64,7 @@ def _check(cfg: DictConfig) -> None:
     from asrtrain.train.config import TrainerConfig
 
     TrainerConfig.check_section(cfg.hybrid.get("trainer"), "hybrid.trainer")
-    check_trainer(_trainer(cfg))
+    check_trainer(_trainer(cfg), cfg.hybrid.model, "hybrid.model")
     check_hybrid_features(cfg)
 
 
@@ -99,5 +106,5 @@ def _settings(cfg: DictConfig) -> dict:
 STAGE = Stage("train_hybrid", run, reads=("align", "features", "ivectors"),
               config=_settings,
               ignored=trainer_keys("trainer")[0], resumable=trainer_keys("trainer")[1],
-              check=_check, verify=_verify,
+              check=_check, verify=_verify, checks_first=True,
               doc="hybrid BLSTM, frame CE on chunks of the alignments' pdf ids")

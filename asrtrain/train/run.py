@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -44,12 +45,23 @@ def prepare_dir(out: Path, resume_key: str, fresh: bool) -> None:
     write_text(stamp, resume_key + "\n")
 
 
-def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: bool) -> Path:
-    """Train ``cfg.model`` with ``cfg.trainer`` into ``out``; return the final model's path."""
-    prepare_dir(out, resume_key, fresh)
+def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: bool,
+                started: Callable[[], None] | None = None) -> Path:
+    """Train ``cfg.model`` with ``cfg.trainer`` into ``out``; return the final model's path.
+
+    Everything the learners read is checked first (:func:`asrtrain.train.inputs.check_inputs`);
+    only then is ``started`` called (the pipeline's ``StageContext.start``: the stage's old
+    record goes) and are checkpoints of other settings moved aside, so a run refused for its
+    inputs leaves a finished model, and its record, as they were."""
+    from asrtrain.train.inputs import check_inputs
+
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     run_cfg.train_dir = str(out.resolve())
     run_cfg.exp_dir = str(exp.resolve())
+    check_inputs(run_cfg)
+    if started is not None:
+        started()
+    prepare_dir(out, resume_key, fresh)
     config_path = out / "config.yaml"
     write_text(config_path, OmegaConf.to_yaml(run_cfg))
     t = TrainerConfig.from_config(cfg.trainer)
