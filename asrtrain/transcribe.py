@@ -435,9 +435,9 @@ def transcribe(exp: Path, args: Sequence[str], kind: str | None = None,
                channel: str | None = None, ctm: bool = False, lmwt: int | None = None,
                wip: float | None = None) -> str:
     """Decode the audio ``args`` with experiment ``exp``'s ``kind`` system; the text (or CTM)."""
-    system = find_system(Path(exp), kind, lmwt, wip)
-    inputs = read_inputs(args)
+    inputs = read_inputs(args)    # the arguments first: a typo is named before any model loads
     index = parse_channel(channel)
+    system = find_system(Path(exp), kind, lmwt, wip)
     with tempfile.TemporaryDirectory(prefix="asrtrain-transcribe.") as tmp:
         frame_s = feature_options(system.model).frame_length / 1000.0
         data_dir = write_data_dir(inputs, index, Path(tmp), min_seconds=frame_s)

@@ -139,6 +139,39 @@ def test_reader_errors_name_the_file_and_utterance(mfcc: Path, tmp_path: Path) -
         FeatureReader(data)
 
 
+def test_a_truncated_ark_says_where_it_ends(mfcc: Path, tmp_path: Path) -> None:
+    """Issue 26: kaldiio's error on a cut ark is an empty AssertionError (or 'buffer size must
+    be a multiple of element size'); the reader gives the sizes."""
+    data = tmp_path / "d"
+    shutil.copytree(mfcc, data)
+    feats = DataDir.read(data).feats
+    arks = sorted({spec.rsplit(":", 1)[0] for spec in feats.values()})
+    assert len(arks) == 1
+    ark = tmp_path / "cut.ark"
+    shutil.copy(arks[0], ark)
+    (data / "feats.scp").write_text("".join(f"{u} {spec.replace(arks[0], str(ark))}\n"
+                                            for u, spec in sorted(feats.items())))
+    utt, spec = sorted(feats.items(), key=lambda x: int(x[1].rsplit(":", 1)[1]))[2]
+    offset = int(spec.rsplit(":", 1)[1])
+    rows = kaldiio.load_mat(spec).shape[0]
+    with open(ark, "r+b") as f:
+        f.truncate(offset + 100)                   # in the middle of the third matrix
+    reader = FeatureReader(data)
+    with pytest.raises(AsrtrainError) as e:
+        reader[utt]
+    assert str(e.value) == (
+        f"{data / 'feats.scp'}: utterance {utt}: cannot read {ark}:{offset}: {ark} ends at byte "
+        f"{offset + 100:,}, the {rows} x 13 float matrix at byte {offset:,} needs "
+        f"{offset + 15 + rows * 13 * 4:,} (truncated)")
+    later = max(feats, key=lambda u: int(feats[u].rsplit(":", 1)[1]))
+    with pytest.raises(AsrtrainError, match=f"{ark} ends at byte {offset + 100:,}, before the "
+                                            "matrix's offset"):
+        reader[later]
+    ark.unlink()
+    with pytest.raises(AsrtrainError, match=f"cannot read {ark}:{offset}: no such file {ark}$"):
+        reader[utt]
+
+
 def _checkpoint(head: str = "ce") -> tuple[BLSTM, ModelCheckpoint]:
     torch.manual_seed(0)
     model = build_model(SMALL, 5, 7)
