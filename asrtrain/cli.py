@@ -99,6 +99,7 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
     """
     from omegaconf import OmegaConf
 
+    from asrtrain.distributed.nodes import node_rank, run_node
     from asrtrain.pipeline import run_recipe
     from asrtrain.recipe import compose_recipe
     from asrtrain.relocate import record_location, relocate
@@ -111,10 +112,14 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
         click.echo(OmegaConf.to_yaml(cfg, resolve=True))
         return
     names = [n for f in force for n in f.split(",") if n]
+    forced = True if "all" in names else set(names)
+    if node_rank(cfg):  # node k > 0 of a multi-node run: only its learners (node 0 runs the rest)
+        run_node(cfg, STAGES, start, stop, forced, dry_run)
+        return
     # a moved or copied exp dir: its records are made to name where it is now
     relocate(cfg.exp_dir, dry_run)
     try:
-        run_recipe(cfg, STAGES, start, stop, True if "all" in names else set(names), dry_run)
+        run_recipe(cfg, STAGES, start, stop, forced, dry_run)
     finally:
         if not dry_run and Path(cfg.exp_dir, ".done").is_dir():
             record_location(cfg.exp_dir)
@@ -129,6 +134,8 @@ def train(config: str, verbose: bool) -> None:
 
     CONFIG is the resolved config.yaml the train stage writes in its output directory.
     """
+    import os
+
     from asrtrain.distributed.liveness import record_error
     from asrtrain.train.worker import run_learner
 
@@ -137,6 +144,8 @@ def train(config: str, verbose: bool) -> None:
         run_learner(config)
     except BaseException as e:
         record_error(e)
+        if isinstance(e, AsrtrainError) and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            sys.exit(e.exit_code)  # its line is the launcher's to quote, once for all learners
         raise
 
 

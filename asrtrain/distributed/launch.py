@@ -23,12 +23,15 @@ from asrtrain.distributed.liveness import LAUNCHER_ENV
 #: default, 30 s, is long for a learner that only has to drop what it is doing: checkpoints are
 #: written atomically).
 SHUTDOWN_GRACE_S = 5
+#: Seconds the agents of a multi-node run wait for each other at the rendezvous (torchrun's own
+#: default for its static rendezvous): node 0's for every other node, the others' for node 0.
+RDZV_TIMEOUT_S = 600
 
 
 def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
                   rdzv_endpoint: str | None = None, module: str = "asrtrain.cli",
                   module_args: Sequence[str] = ("train",), max_restarts: int = 0,
-                  run_id: str | None = None) -> list[str]:
+                  run_id: str | None = None, rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> list[str]:
     """The ``torchrun`` command line (without the program name) that :func:`launch` runs."""
     if learners < 1:
         raise AsrtrainError(f"launch: need at least one learner per node, got {learners}")
@@ -44,7 +47,7 @@ def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank
                 f"launch: {nnodes} nodes need rdzv_endpoint='host:port' of node 0 "
                 f"(got {rdzv_endpoint!r})")
         args += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
-                 f"--rdzv-endpoint={rdzv_endpoint}"]
+                 f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-conf=timeout={rdzv_timeout_s}"]
         if run_id:
             args.append(f"--rdzv-id={run_id}")
     return args + ["-m", module, *module_args, *argv]
@@ -53,7 +56,8 @@ def torchrun_args(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank
 def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int = 0,
            rdzv_endpoint: str | None = None, module: str = "asrtrain.cli",
            module_args: Sequence[str] = ("train",), max_restarts: int = 0,
-           run_id: str | None = None, threads: int = 0) -> None:
+           run_id: str | None = None, threads: int = 0,
+           rdzv_timeout_s: int = RDZV_TIMEOUT_S) -> None:
     """Run ``python -m <module> <module_args...> <argv...>`` in ``learners`` processes.
 
     Args:
@@ -63,15 +67,19 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
         module: the module each learner runs; tests launch ``synthetic`` (bench/).
         max_restarts: torchrun restarts of the whole group after a failure (0: fail at once).
         threads: CPU threads per learner (0: :func:`asrtrain.distributed.comm.cpu_threads`'s one).
+        rdzv_timeout_s: how long the agents of several nodes wait for each other.
 
     Raises:
-        AsrtrainError: a learner failed; the message names its rank and exit code.
+        AsrtrainError: a learner failed; the message names its rank and exit code. Or, over
+            several nodes, the nodes did not meet at the rendezvous.
     """
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(torchrun_args(argv, learners, nnodes, node_rank, rdzv_endpoint, module,
-                                    module_args, max_restarts, run_id))
+                                    module_args, max_restarts, run_id, rdzv_timeout_s))
     # Each learner also calls torch.set_num_threads (build_backend); this covers what runs first.
     env = {"OMP_NUM_THREADS": str(cpu_threads(threads)), LAUNCHER_ENV: str(os.getpid()),
            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S)}
@@ -84,12 +92,32 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
         run(args)
     except ChildFailedError as e:
         raise AsrtrainError(failure_message(e)) from e
+    except (DistError, RendezvousError) as e:  # the agents' own rendezvous (no learner ran)
+        if nnodes == 1 and rdzv_endpoint is None:
+            raise
+        raise AsrtrainError(rendezvous_message(e, nnodes, node_rank, rdzv_endpoint,
+                                               rdzv_timeout_s)) from e
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def rendezvous_message(error: BaseException, nnodes: int, node_rank: int,
+                       rdzv_endpoint: str | None, timeout_s: int) -> str:
+    """One line for agents of several nodes that did not meet: who waited for whom."""
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if node_rank == 0:
+        who = (f"the other {nnodes - 1} node(s) did not all join within {timeout_s} s: run the "
+               "same command on each of them with its trainer.node_rank")
+    else:
+        who = (f"node 0 did not answer within {timeout_s} s: it serves the rendezvous once it "
+               "reaches this training stage (is its run going, and is the address reachable "
+               "from here?)")
+    return (f"node {node_rank} of {nnodes}: the rendezvous at {rdzv_endpoint} failed: {who}. "
+            f"Underlying error: {cause}")
 
 
 def failure_message(error) -> str:
@@ -108,6 +136,8 @@ def failure_message(error) -> str:
     stopped = (-signal.SIGTERM, -signal.SIGINT)
     silent = sorted((f.exitcode in stopped, f.timestamp, r)
                     for r, f in failures.items() if r not in said)
+    if said and all(was_stopped for was_stopped, _, _ in silent):
+        silent = []  # the launcher stopped them after one that said why
     rank = silent[0][2] if silent else min((f.timestamp, r) for r, f in failures.items())[1]
     failure = failures[rank]
     what = said.get(rank) or failure.message

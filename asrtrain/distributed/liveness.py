@@ -85,6 +85,9 @@ class Liveness:
         self.prefix = f"asrtrain/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         self._host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self._port = int(os.environ.get("MASTER_PORT", "0"))
+        # torchrun's node of this learner (its agent's group rank) and the number of nodes
+        self.node = int(os.environ.get("GROUP_RANK", "0") or 0)
+        self.nnodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
         self._stop = threading.Event()
         self._hung: dict[int, int] = {}
         self._thread: threading.Thread | None = None
@@ -96,7 +99,8 @@ class Liveness:
     def start(self) -> None:
         store = self._client(30.0)
         key = f"{self.prefix}/hb/{self.rank}"
-        store.set(f"{self.prefix}/pid/{self.rank}", f"{socket.gethostname()} {os.getpid()}")
+        store.set(f"{self.prefix}/pid/{self.rank}",
+                  f"{socket.gethostname()} {os.getpid()} {self.node}")
         store.add(key, 1)
         launcher = launcher_pid()
 
@@ -146,18 +150,58 @@ class Liveness:
                       if after[r] == before[r] and r not in failed and r != self.rank]
             self._hung = {r: pid for r in silent if (pid := self._local_pid(store, r))}
         except Exception as e:  # the store lives in the launcher or on rank 0
-            return f"the rendezvous store is unreachable ({e}): rank 0 or the launcher died"
+            cause = (str(e).splitlines() or [type(e).__name__])[0]
+            if self.nnodes > 1 and self.node != 0:
+                return (f"node 0 is lost: the rendezvous store its launcher serves at "
+                        f"{self._host}:{self._port} is unreachable ({cause}): node 0's "
+                        "launcher or machine died")
+            return f"the rendezvous store is unreachable ({cause}): rank 0 or the launcher died"
         if not silent:
             return "every learner still has a heartbeat: one of them is hung or too slow"
-        return ", ".join(
-            f"rank {r} " + ("stopped answering (hung: stopped or stuck), so it was killed"
-                            if r in self._hung else "stopped (died or was killed)")
-            for r in silent)
+        return self._describe(store, silent)
+
+    def _describe(self, store: dist.TCPStore, silent: list[int]) -> str:
+        """The silent learners in words; over several nodes, a node all of whose learners went
+        silent at once is named as the node that was lost (its launcher or machine died)."""
+        def verdict(r: int) -> str:
+            return ("stopped answering (hung: stopped or stuck), so it was killed"
+                    if r in self._hung else "stopped (died or was killed)")
+
+        if self.nnodes <= 1:
+            return ", ".join(f"rank {r} {verdict(r)}" for r in silent)
+        entries: dict[int, tuple[str, str, str]] = {}
+        for r in range(self.world_size):
+            with contextlib.suppress(Exception):  # a name is a courtesy; the rank is named
+                entries[r] = self._entry(store, r)
+        nodes: dict[str, list[int]] = {}
+        for r, (_, _, node) in entries.items():
+            nodes.setdefault(node, []).append(r)
+        out, named = [], set()
+        for node, ranks in sorted(nodes.items()):
+            if node and all(r in silent and r not in self._hung for r in ranks):
+                host = entries[ranks[0]][0]
+                out.append(f"node {node} on {host} is lost (its learners, ranks "
+                           f"{', '.join(map(str, ranks))}, all stopped: its launcher or machine "
+                           "died, or they were killed)")
+                named.update(ranks)
+        for r in silent:
+            if r not in named:
+                host, _, node = entries.get(r, ("", "", ""))
+                where = f" (node {node} on {host})" if node else ""
+                out.append(f"rank {r}{where} {verdict(r)}")
+        return ", ".join(out)
+
+    def _entry(self, store: dist.TCPStore, rank: int) -> tuple[str, str, str]:
+        """The host, pid and node that learner ``rank`` posted at its start."""
+        parts = store.get(f"{self.prefix}/pid/{rank}").decode().split(" ")
+        host, pid, node = (parts + ["", ""])[:3]
+        return host, pid, node
 
     def _local_pid(self, store: dist.TCPStore, rank: int) -> int | None:
         """The pid of learner ``rank`` if it runs on this machine and is alive (not a zombie)."""
-        host, _, pid = store.get(f"{self.prefix}/pid/{rank}").decode().partition(" ")
-        return int(pid) if host == socket.gethostname() and pid.isdigit() and _alive(pid) else None
+        host, pid, node = self._entry(store, rank)
+        here = host == socket.gethostname() and (not node or node == str(self.node))
+        return int(pid) if here and pid.isdigit() and _alive(pid) else None
 
     def fence_hung(self) -> None:
         """Kill the hung learners :meth:`silent_ranks` found on this machine.
