@@ -55,6 +55,11 @@ class Stage:
     before any of them starts.
     ``verify``: for a stage whose record is up to date, why its outputs cannot be trusted (e.g.
     a model cut short after it was written), or None; a reason makes it run again, resuming.
+    ``files``: the files the user gives that it reads (a data dir's tables, a lexicon): they
+    enter its digest by content (``FileDigests``), so an edit reruns it and a touch does not.
+    ``parts``: outputs of its own with a digest of their own, each depending on some of its
+    config keys only (``lang``'s ``units``: not on the lexicon); a reader names one as
+    ``"lang:units"`` and reruns only when that part's digest changes.
     """
 
     name: str
@@ -67,6 +72,8 @@ class Stage:
     check: Callable[[DictConfig], None] | None = None
     verify: Callable[[DictConfig, Paths], str | None] | None = None
     checks_first: bool = False  # calls ``StageContext.start`` itself, after checking its inputs
+    files: Callable[[DictConfig], Sequence[Path]] | None = None
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass
@@ -80,6 +87,7 @@ class StageContext:
     resume_key: str
     fresh: bool = False      # forced, or an input reran: discard inner progress
     on_start: Callable[[bool], None] | None = None
+    parts: dict[str, str] = field(default_factory=dict)   # the digest of each of its parts
 
     def start(self, keep_record: bool = False) -> None:
         """The stage has checked its inputs and now changes its outputs: its old record goes
@@ -171,6 +179,81 @@ def read_marker(path: Path) -> dict | None:
     return record if isinstance(record, dict) and "digest" in record else None
 
 
+#: A user's file that does not exist (yet), in a record of file digests.
+MISSING = "missing"
+
+
+class FileDigests:
+    """The content hashes of the files the user gives, with a cache in ``exp/.done/.files``:
+    a file whose size and modification time equal the cached ones keeps its cached hash (the
+    fast path); any other is read and hashed, so only a change of content changes its digest."""
+
+    def __init__(self, cache: Path):
+        self.cache_path = cache
+        try:
+            self.cache: dict[str, list] = json.loads(cache.read_text())
+            if not isinstance(self.cache, dict):
+                self.cache = {}
+        except (OSError, ValueError):
+            self.cache = {}
+        self.changed = False
+
+    def digest(self, path: Path) -> str:
+        key = str(path)
+        try:
+            st = path.stat()
+        except OSError:
+            return MISSING
+        if not path.is_file():
+            return MISSING
+        cached = self.cache.get(key)
+        if isinstance(cached, list) and cached[:2] == [st.st_size, st.st_mtime_ns]:
+            return str(cached[2])
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+        except OSError as e:
+            raise AsrtrainError(f"{path}: cannot read it: {e.strerror or e}") from e
+        value = h.hexdigest()[:16]
+        self.cache[key] = [st.st_size, st.st_mtime_ns, value]
+        self.changed = True
+        return value
+
+    def save(self) -> None:
+        """Keep the cache for the next run (only where the exp dir's records are)."""
+        if self.changed and self.cache_path.parent.is_dir():
+            try:
+                write_text(self.cache_path, json.dumps(self.cache, indent=0, sort_keys=True))
+            except OSError:   # a cache only: a read-only exp dir is refused elsewhere
+                pass
+            self.changed = False
+
+
+def _file_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Why the recorded input files differ from those now, one reason a file."""
+    out = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        if a == b:
+            continue
+        if b is None:
+            out.append(f"no longer read: {path}")
+        elif a is None:
+            out.append(f"new input: {path}")
+        elif b == MISSING:
+            out.append(f"removed: {path}")
+        else:
+            out.append(f"changed: {path}")
+    return out
+
+
+def _base(read: str) -> str:
+    """The stage of a read (``lang`` of ``lang:units``)."""
+    return read.split(":", 1)[0]
+
+
 class Pipeline:
     """A recipe's stages in order, with their digests; ``plan`` says which must run and why."""
 
@@ -187,16 +270,26 @@ class Pipeline:
         self.paths = Paths(Path(cfg.exp_dir))
         self.values: dict[str, dict[str, Any]] = {}
         self.generations: dict[str, str | None] = {}
+        self.files: dict[str, dict[str, str]] = {}
+        file_digests = FileDigests(self.paths.markers / ".files")
         for i, name in enumerate(self.names):
             stage = self.stages[name]
             for r in stage.reads:
-                if r in self.stages and self.names.index(r) > i:
-                    raise AsrtrainError(f"stages: {name} reads {r}, which comes after it; put "
-                                        f"{r} first")
+                base, _, part = r.partition(":")
+                if base in self.stages and self.names.index(base) > i:
+                    raise AsrtrainError(f"stages: {name} reads {base}, which comes after it; "
+                                        f"put {base} first")
+                if part and (base not in stages or part not in stages[base].parts):
+                    raise AsrtrainError(f"stage {name} reads {r}: stage {base} has no part "
+                                        f"{part!r}")
             self.values[name] = _strip(_config_values(cfg, stage.config), stage.ignored)
+            files = stage.files(cfg) if stage.files is not None else ()
+            if files:   # only stages that read a user's files: the others keep their digests
+                self.files[name] = {str(p): file_digests.digest(Path(p)) for p in files}
             generation = self._generation_file(name)
             self.generations[name] = (generation.read_text().strip() if generation.is_file()
                                       else None)
+        file_digests.save()
         self.inputs: dict[str, dict[str, str | None]] = {}
         self.digests: dict[str, str] = {}
         self._digest_from(0)
@@ -220,9 +313,17 @@ class Pipeline:
     def _digest_from(self, first: int) -> None:
         """(Re)compute the digests of the stages from index ``first`` on, in order."""
         for name in self.names[first:]:
-            self.inputs[name] = {r: self.digests.get(r) for r in self.stages[name].reads}
-            self.digests[name] = _hash({"config": self.values[name], "inputs": self.inputs[name],
-                                        "generation": self.generations[name]})
+            stage = self.stages[name]
+            self.inputs[name] = {r: self.digests.get(r) for r in stage.reads}
+            content: dict[str, Any] = {"config": self.values[name], "inputs": self.inputs[name],
+                                       "generation": self.generations[name]}
+            if name in self.files:
+                content["files"] = self.files[name]
+            self.digests[name] = _hash(content)
+            for part, keys in stage.parts.items():
+                self.digests[f"{name}:{part}"] = _hash(
+                    {"part": part, "config": {k: select(self.cfg, k) for k in keys},
+                     "inputs": self.inputs[name], "generation": self.generations[name]})
 
     def resume_key(self, name: str) -> str:
         """The key of the stage's inner progress: its digest less the resumable settings. The
@@ -263,7 +364,11 @@ class Pipeline:
             elif (bad := self._verify(name)) is not None:
                 d.reasons.append(bad)
             for r in self.stages[name].reads:
-                if r in decisions and decisions[r].run:
+                base = _base(r)
+                if base in decisions and decisions[base].run:
+                    if (":" in r and record is not None
+                            and record.get("inputs", {}).get(r) == self.digests.get(r)):
+                        continue   # its part is kept as it was: what reads only that part stays
                     d.reasons = [x for x in d.reasons if x != f"{r} changed"]
                     d.reasons.append(f"{r} reruns")
             d.run = bool(d.reasons)
@@ -294,6 +399,7 @@ class Pipeline:
         changes = _config_changes(record.get("config", {}), self.values[name])
         if changes:
             reasons.append(f"config changed: {changes}")
+        reasons.extend(_file_changes(record.get("files") or {}, self.files.get(name, {})))
         return reasons or ["its record differs"]
 
     def _check_inputs_outside_range(self, decisions: dict[str, Decision]) -> None:
@@ -301,7 +407,8 @@ class Pipeline:
         for d in decisions.values():
             if not (d.run and d.in_range):
                 continue
-            for r in self.stages[d.stage].reads:
+            for read in self.stages[d.stage].reads:
+                r = _base(read)
                 dr = decisions.get(r)
                 if dr is not None and dr.run and not dr.in_range:
                     raise AsrtrainError(
@@ -334,14 +441,17 @@ class Pipeline:
                 write_text(self._generation_file(d.stage), f"{self.generations[d.stage]}\n")
             if "forced" in d.reasons:
                 write_text(note[0], note[1] + "\n")
+        parts = {p: self.digests[f"{d.stage}:{p}"] for p in self.stages[d.stage].parts}
         return StageContext(self.cfg, self.paths, self.stages[d.stage], self.digests[d.stage],
-                            self.resume_key(d.stage), fresh, start)
+                            self.resume_key(d.stage), fresh, start, parts)
 
     def record(self, name: str) -> None:
-        write_text(self.paths.markers / name, json.dumps(
-            {"digest": self.digests[name], "config": self.values[name],
-             "inputs": self.inputs[name], "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
-            indent=1, sort_keys=True, default=str) + "\n")
+        record = {"digest": self.digests[name], "config": self.values[name],
+                  "inputs": self.inputs[name], "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if name in self.files:
+            record["files"] = self.files[name]
+        write_text(self.paths.markers / name, json.dumps(record, indent=1, sort_keys=True,
+                                                         default=str) + "\n")
 
 
 def describe_plan(decisions: Sequence[Decision]) -> str:
@@ -386,6 +496,7 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             ctx = pipeline.context(d)
             if not stage.checks_first:
                 ctx.start()
+            _use_scoring(cfg)
             set_threads(int(cfg.get("threads", 1) or 1))   # the stage's own process; its jobs
             #                                                set theirs (asrtrain.jobs)
             t0 = time.time()
@@ -395,6 +506,7 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
             pipeline.record(d.stage)
             log.info("stage %-13s done in %.1f s", d.stage, time.time() - t0)
             ran.append(d.stage)
+        _rescore(cfg, paths.exp)
     for note in paths.markers.glob(".*.forced"):  # the forced run is over
         note.unlink(missing_ok=True)
     in_range = [d.stage for d in decisions if d.in_range]
@@ -403,6 +515,32 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     else:
         log.info("ran %s in %.1f s", ", ".join(ran), time.time() - t_all)
     return ran
+
+
+def _scoring(cfg: DictConfig) -> dict[str, Any] | None:
+    """The recipe's scoring options (``score.kaldi_filter``, ``score.backend``), or None."""
+    if OmegaConf.select(cfg, "score") is None:
+        return None
+    return {"kaldi_filter": bool(OmegaConf.select(cfg, "score.kaldi_filter", default=True)),
+            "backend": str(OmegaConf.select(cfg, "score.backend", default="python"))}
+
+
+def _use_scoring(cfg: DictConfig) -> None:
+    """Every stage that scores (``score``, ``align``'s GMM passes, ``decode_hybrid``) scores
+    with the recipe's ``score.*``."""
+    from asrtrain.score import set_scoring_options
+
+    set_scoring_options(**(_scoring(cfg) or {}))
+
+
+def _rescore(cfg: DictConfig, exp: Path) -> None:
+    """RESULTS.md never mixes scorings: rows scored with other ``score.*`` options than the
+    recipe's now (their stage did not rerun) are scored again (``asrtrain.score.rescore``)."""
+    from asrtrain.score.rescore import rescore_stale
+
+    options = _scoring(cfg)
+    if options is not None and (exp / "decode").is_dir():
+        rescore_stale(exp, options)
 
 
 def describe_os_error(error: OSError, where: Path) -> str:

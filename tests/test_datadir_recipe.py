@@ -17,7 +17,13 @@ from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL
 
 from asrtrain import AsrtrainError
 from asrtrain.data.corpora import prepare_corpus
-from asrtrain.data.corpora.datadir import UserCorpus, prepare_user_corpus, split_dev
+from asrtrain.data.corpora.datadir import (
+    UserCorpus,
+    prepare_user_corpus,
+    split_dev,
+    user_dict_files,
+    write_dict_dir,
+)
 from asrtrain.data.datadir import DataDir, Segment
 from asrtrain.lang.lexicon import Lang, cmudict_lexicon, make_dict_dir, prepare_lang, read_lexicon
 from asrtrain.recipe import MAX_AUTO_NJ, STAGE_ORDER, SYSTEM_STAGES, compose_recipe
@@ -113,7 +119,8 @@ def test_training_words_missing_from_the_lexicon_are_named_and_mapped_to_unk(ful
     (warning,) = [x for x in proc.stderr.splitlines() if "not in the lexicon" in x]
     assert " WARNING " in warning and "2 of " in warning and "mapped to <unk>" in warning
     assert all(f"{w} x" in warning for w in REMOVED)
-    assert warning.split(" WARNING ")[1] in (exp / "log" / "prepare.log").read_text()
+    # the lexicon is the lang stage's (Kaldi's prepare_dict), so prepare never reads it
+    assert warning.split(" WARNING ")[1] in (exp / "log" / "lang.log").read_text()
     info = dict(line.split() for line in (exp / "lm" / "info").read_text().splitlines())
     assert int(info["oov"]) > 0
 
@@ -271,9 +278,11 @@ def test_a_dict_dir_without_unk_cannot_take_oovs(corpus: Path, tmp_path: Path) -
     d.mkdir()
     for name, text in files.items():
         (d / name).write_text(text)
-    with pytest.raises(AsrtrainError, match=r"are not in the lexicon .*/lexicon.txt: .*; it has "
-                                            r"no <unk> to map them to: add the line '<unk> spn'"):
-        prepare_user_corpus(_user_corpus(corpus, dict_dir=str(d)), "train", "dev", ["test"])
+    with pytest.raises(AsrtrainError, match=r"train/text: 2 of .* are not in the lexicon "
+                                            r".*/lexicon.txt: .*; it has no <unk> to map them "
+                                            r"to: add the line '<unk> spn'"):
+        user_dict_files(_user_corpus(corpus, dict_dir=str(d)), DataDir.read(corpus / "train"),
+                        corpus / "train" / "text")
 
 
 def test_config_checks_of_your_own_sets(corpus: Path) -> None:
@@ -298,11 +307,12 @@ def test_one_speaker_cannot_give_a_dev_set(datadir: Path) -> None:
 
 
 def test_a_lexicon_no_longer_given_leaves_no_dict_dir(datadir: Path, tmp_path: Path) -> None:
-    """The lang stage builds L.fst whenever data/local/dict exists: a rerun of prepare without
-    the lexicon removes the one an earlier run wrote."""
+    """The lang stage builds L.fst whenever data/local/dict exists: a rerun of lang without
+    the lexicon removes the one an earlier run wrote; the data dirs are prepare's, untouched."""
     data = DataDir.read(datadir)
     files = {k: v.encode() for k, v in make_dict_dir([("hello", ("h", "e"))]).items()}
-    assert UserCorpus({"train": data}, dict_files=files).write(tmp_path) == ["train"]
+    assert UserCorpus({"train": data}).write(tmp_path) == ["train"]
+    write_dict_dir(files, tmp_path / "local" / "dict")
     assert (tmp_path / "local" / "dict" / "lexicon.txt").read_text().endswith("hello h e\n")
-    UserCorpus({"train": data}).write(tmp_path)
+    write_dict_dir(None, tmp_path / "local" / "dict")
     assert not (tmp_path / "local" / "dict").exists() and (tmp_path / "train" / "text").is_file()

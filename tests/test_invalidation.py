@@ -60,9 +60,50 @@ def test_a_ctc_decode_change_reruns_only_decode_and_score(done: list[str]) -> No
     assert ran(asrtrain("run", *done)) == ["decode", "score"]     # and back again
 
 
-def test_a_lang_change_reruns_everything_that_reads_lang(done: list[str]) -> None:
+def test_a_lang_change_reruns_what_reads_it_and_not_the_ctc_model(done: list[str]) -> None:
+    # the CTC stages read lang's units only (lang:units), which sil_prob does not change
     assert plan(done, "lang.sil_prob=0.4") == [
+        "lang", "lm", "align", "train_hybrid", "decode_hybrid"]
+    assert plan(done, "lang.vocab_size=99") == [
         "lang", "train", "decode", "score", "lm", "align", "train_hybrid", "decode_hybrid"]
+
+
+def test_a_scoring_change_rescores_every_system(done: list[str], tmp_path: Path) -> None:
+    """score.* reruns the score stage, and the hybrid row, which decode_hybrid scored, is scored
+    again with the same options: RESULTS.md never mixes scorings."""
+    import json
+    import shutil
+
+    from asrtrain.score import counts_json, score_decode
+
+    exp = _exp(done)
+
+    def rows() -> dict[str, Path]:
+        return {d.parent.name: d for d in exp.glob("decode/*/eval2000")
+                if (d / "score" / "result.json").is_file()}
+
+    assert set(rows()) == {"blstm_tiny", "hybrid_tiny"}
+    for kaldi_filter, extra in ((False, ["score.kaldi_filter=false"]), (True, [])):
+        out = asrtrain("run", *done, *extra)
+        assert ran(out) == ["score"]
+        assert "rescored hybrid_tiny eval2000 (scored with backend=python, kaldi_filter=" \
+            f"{not kaldi_filter}; now backend=python, kaldi_filter={kaldi_filter}" in out.stderr
+        for system, dec in rows().items():
+            record = json.loads((dec / "score" / "scoring.json").read_text())
+            assert record == {"rules": "hub5", "kaldi_filter": kaldi_filter,
+                              "backend": "python"}, system
+            copy = tmp_path / f"{system}-{kaldi_filter}"
+            copy.mkdir()
+            shutil.copy(dec / "ctm", copy / "ctm")
+            expected = counts_json(score_decode(exp / "data" / "eval2000", copy,
+                                                kaldi_filter=kaldi_filter))
+            result = json.loads((dec / "score" / "result.json").read_text())
+            assert result["wer"] == expected, system
+            wer = result["wer"]["all"]
+            assert f"| {system} |" in (exp / "RESULTS.md").read_text()
+            assert f"WER {wer['wer']:.2f}% [ {wer['err']} / {wer['ref_words']}," in \
+                (dec / "score" / "wer").read_text()
+    assert plan(done) == []
 
 
 def test_a_corpus_change_reaches_every_stage(done: list[str]) -> None:

@@ -15,34 +15,65 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import read_table, write_table
+from asrtrain.fileio import write_text
 from asrtrain.score.align import Counts, align_words
 from asrtrain.score.hub5 import SUBSETS, SystemResult, in_subset, read_checked, score_hub5_python
 from asrtrain.score.plain import score_text, wer_counts
 
 __all__ = ["Counts", "SUBSETS", "align_words", "counts_json", "describe_scoring", "report_name",
-           "report_wer", "score_decode", "score_hub5", "scoring_of", "wer_counts"]
+           "report_wer", "score_decode", "score_hub5", "scoring_of", "scoring_options",
+           "set_scoring_options", "wer_counts"]
 
 BACKENDS = ("python", "sclite")
+#: What ``score_decode`` writes beside its reports: the rules and options it scored with.
+SCORING_RECORD = "scoring.json"
+_OPTIONS = {"kaldi_filter": True, "backend": "python"}
+
+
+def set_scoring_options(kaldi_filter: bool = True, backend: str = "python") -> None:
+    """The options every ``score_decode`` of this process uses unless its caller gives them:
+    the pipeline sets the recipe's ``score.*`` before each stage, so the GMM and hybrid
+    decoders' scoring follows them as the ``score`` stage's does."""
+    if backend not in BACKENDS:
+        raise AsrtrainError(f"score.backend={backend!r}: use 'python' or 'sclite'")
+    _OPTIONS.update(kaldi_filter=bool(kaldi_filter), backend=str(backend))
+
+
+def scoring_options() -> dict:
+    """The options ``score_decode`` uses by default (``set_scoring_options``)."""
+    return dict(_OPTIONS)
+
+
+def scoring_record(data_dir: Path, kaldi_filter: bool, backend: str) -> dict:
+    """What decides a decode dir's counts besides the words: the rules, and for Hub5 the
+    options (plain WER has no filter and is always scored in Python)."""
+    if scoring_of(data_dir) == "plain":
+        return {"rules": "plain"}
+    return {"rules": "hub5", "kaldi_filter": bool(kaldi_filter), "backend": str(backend)}
 
 log = logging.getLogger(__name__)
 
 
-def score_decode(data_dir: Path, decode_dir: Path, *, kaldi_filter: bool = True,
-                 backend: str = "python") -> dict[str, Counts]:
+def score_decode(data_dir: Path, decode_dir: Path, *, kaldi_filter: bool | None = None,
+                 backend: str | None = None) -> dict[str, Counts]:
     """Score a decode dir against its data dir; the counts per subset.
 
     With ``data_dir/stm``: Hub5 scoring of ``decode_dir/ctm`` (GLM ``data_dir/glm`` if present)
     for all, swbd and callhm, reports ``decode_dir/score/ctm[.swbd|.callhm].filt.*`` (see
     ``score_hub5`` for ``kaldi_filter`` and ``backend``).  Without: the plain WER of
     ``decode_dir/text`` against ``data_dir/text`` (subset ``all`` only, always in Python, no
-    filter), reports ``decode_dir/score/text.{sys,raw,dtl,pra}``."""
+    filter), reports ``decode_dir/score/text.{sys,raw,dtl,pra}``. Options not given are the
+    process's (``set_scoring_options``); ``score/scoring.json`` records those used."""
     data_dir, decode_dir = Path(data_dir), Path(decode_dir)
+    kaldi_filter = _OPTIONS["kaldi_filter"] if kaldi_filter is None else kaldi_filter
+    backend = _OPTIONS["backend"] if backend is None else backend
     if backend not in BACKENDS:
         raise AsrtrainError(f"unknown scoring backend {backend!r}; use 'python' or 'sclite'")
     if not data_dir.is_dir():
@@ -60,6 +91,8 @@ def score_decode(data_dir: Path, decode_dir: Path, *, kaldi_filter: bool = True,
                    else None)
         log.debug("%s: no stm; plain WER of each utterance", data_dir)
         counts = {"all": score_text(data_dir / "text", decode_dir / "text", score_dir, utt2spk)}
+    write_text(score_dir / SCORING_RECORD,
+               json.dumps(scoring_record(data_dir, kaldi_filter, backend), sort_keys=True) + "\n")
     log.debug("scored %s: %s", decode_dir,
               ", ".join(f"{k} {c.wer:.2f}%" for k, c in counts.items()))
     return counts

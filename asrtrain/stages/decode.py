@@ -16,5 +16,5 @@ def run(ctx: StageContext) -> None:
                         batch_frames=int(cfg.decode.batch_frames))
 
 
-STAGE = Stage("decode", run, reads=("train", "lang", "features"), config=("decode",),
+STAGE = Stage("decode", run, reads=("train", "lang:units", "features"), config=("decode",),
               doc="decoding of the test sets to CTM")

@@ -66,5 +66,15 @@ def check(cfg: DictConfig) -> None:
         check_user_sets(_corpus(cfg), *_set_names(cfg))
 
 
+def user_files(cfg: DictConfig) -> list:
+    """Your own data dirs' tables, which enter the digest by content."""
+    from asrtrain.data.corpora.datadir import table_files
+
+    return table_files(_corpus(cfg)) if _is_datadir(cfg) else []
+
+
+# The lexicon keys of your own corpus are the lang stage's (it makes the dict dir): adding a
+# lexicon changes no data dir, so features and the CTC model do not rerun.
 STAGE = Stage("prepare", run, reads=(), config=("corpus", "sets"), check=check,
+              ignored=("corpus.lexicon", "corpus.dict_dir", "corpus.oov"), files=user_files,
               doc="corpus -> Kaldi data dirs (wav.scp segments text utt2spk spk2utt; stm glm)")

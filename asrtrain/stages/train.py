@@ -87,7 +87,7 @@ def trainer_keys(section: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 IGNORED, RESUMABLE_KEYS = trainer_keys("trainer")
 
-STAGE = Stage("train", run, reads=("features", "lang"), config=_settings,
+STAGE = Stage("train", run, reads=("features", "lang:units"), config=_settings,
               ignored=IGNORED, resumable=RESUMABLE_KEYS,
               check=lambda cfg: check_trainer(cfg.trainer, cfg.model), verify=_verify,
               checks_first=True, doc="acoustic model training (CTC)")

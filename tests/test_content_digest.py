@@ -1,0 +1,107 @@
+"""Inputs known by content, and a lexicon that never retrains the CTC model (issues 26.1, 27.1),
+through the real CLI on recipes/datadir: the user's data dir tables and lexicon enter the
+digests of the stages that read them by content (a touch reruns nothing, an edit reruns exactly
+what depends on it and --dry-run names the file); adding or editing a lexicon reruns only the
+stages that read it, and prepare's data dirs and the CTC units stay byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_datadir_recipe import corpus, ok, run_cli, sets  # noqa: F401  (corpus: a fixture)
+from test_e2e import SMALL
+
+SMALL_AUTO_NJ = [o for o in SMALL if not o.startswith("nj=")]
+CTC = ["prepare", "lang", "features", "train", "decode", "score"]
+
+
+def plan(*args: str) -> tuple[list[str], str]:
+    """The stages ``--dry-run`` says would run, and its listing."""
+    out = ok(run_cli(*args, "--dry-run")).stdout
+    lines = [ln.split(None, 2) for ln in out.splitlines() if ln.strip()]
+    return [name for name, what, *_ in lines if what == "runs:"], out
+
+
+def _sums(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def ctc_only(corpus: Path, tmp_path_factory) -> tuple[list[str], Path, Path]:  # noqa: F811
+    """A finished CTC-only run (no lexicon) on a copy of the user's data dirs; returns its
+    command-line settings, the exp dir and the copy."""
+    root = tmp_path_factory.mktemp("content")
+    mine = root / "mine"
+    for name in ("train", "dev", "test"):
+        shutil.copytree(corpus / name, mine / name)
+    shutil.copy(corpus / "lex.txt", mine / "lex.txt")
+    exp = root / "exp"
+    args = [f"exp_dir={exp}", sets(mine, "train", "dev", "test"), *SMALL_AUTO_NJ]
+    proc = ok(run_cli(*args, timeout=1800))
+    assert all(f"stage {s:<13} done" in proc.stderr for s in CTC)
+    return args, exp, mine
+
+
+def test_a_touched_table_reruns_nothing(ctc_only) -> None:
+    args, exp, mine = ctc_only
+    text = mine / "train" / "text"
+    st = text.stat()
+    os.utime(text, ns=(st.st_atime_ns, st.st_mtime_ns + 10**10))
+    (mine / "test" / "utt2spk").write_bytes((mine / "test" / "utt2spk").read_bytes())
+    assert plan(*args)[0] == []
+    # the files' hashes are cached with their size and time: the touched ones are hashed again
+    cache = (exp / ".done" / ".files").read_text()
+    assert str(text) in cache
+
+
+def test_a_lexicon_added_reruns_no_ctc_stage(ctc_only) -> None:
+    args, exp, mine = ctc_only
+    lexicon = f"corpus.lexicon={mine / 'lex.txt'}"
+    would, listing = plan(*args, lexicon)
+    assert would == ["lang", "lm", "mfcc", "align", "train_hybrid", "decode_hybrid"], listing
+    assert "lang           runs: config changed: corpus.lexicon: None -> " in listing
+    data, units = _sums(exp / "data"), (exp / "lang" / "units.model").read_bytes()
+    results = (exp / "RESULTS.md").read_text()
+    proc = ok(run_cli(*args, lexicon, "--to", "lang"))
+    assert "stage lang          starts" in proc.stderr and "units.model kept" in proc.stderr
+    assert (exp / "lang" / "L.fst").is_file()
+    # the CTC chain keeps its digests: its stages are done, with the lexicon as without
+    assert plan(*args, lexicon, "systems=[ctc]")[0] == []
+    assert (exp / "lang" / "units.model").read_bytes() == units
+    assert {k: v for k, v in _sums(exp / "data").items() if not k.startswith("local/")} == data
+    assert "local/dict/lexicon.txt" in _sums(exp / "data")
+    assert (exp / "RESULTS.md").read_text() == results
+    # an edited lexicon reruns lang (named), and still no CTC stage
+    with open(mine / "lex.txt", "a") as f:
+        f.write("zzyzx z ih z ih k s\n")
+    would, listing = plan(*args, lexicon, "systems=[ctc]")
+    assert would == ["lang"], listing
+    assert f"lang           runs: changed: {mine / 'lex.txt'}" in listing
+    ok(run_cli(*args, lexicon, "systems=[ctc]"))
+    assert (exp / "lang" / "units.model").read_bytes() == units
+    assert "zzyzx z ih z ih k s" in (exp / "data" / "local" / "dict" / "lexicon.txt").read_text()
+    # and taken away again: lang reruns, its dict dir goes, the CTC chain stays
+    assert plan(*args)[0] == ["lang"]
+    ok(run_cli(*args, "--to", "lang"))
+    assert not (exp / "data" / "local" / "dict").exists()
+    assert plan(*args)[0] == []
+
+
+def test_an_edited_transcript_reruns_prepare_and_what_follows(ctc_only) -> None:
+    args, exp, mine = ctc_only
+    text = mine / "train" / "text"
+    lines = text.read_text().splitlines()
+    utt, *words = lines[1].split()
+    lines[1] = " ".join([utt, *reversed(words)])
+    text.write_text("\n".join(lines) + "\n")
+    would, listing = plan(*args)
+    assert would == CTC, listing
+    assert f"prepare        runs: changed: {text}" in listing
+    ok(run_cli(*args, "--to", "prepare"))
+    assert f"{utt} {' '.join(reversed(words))}\n" in (exp / "data" / "train" / "text").read_text()
+    assert plan(*args)[0] == CTC[1:]
