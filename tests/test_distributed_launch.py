@@ -54,3 +54,28 @@ def test_multi_node_settings_are_passed_to_torchrun() -> None:
         torchrun_args([], 2, nnodes=2, node_rank=0)
     with pytest.raises(AsrtrainError, match="node_rank"):
         torchrun_args([], 2, nnodes=2, node_rank=2, rdzv_endpoint="h:1")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("node_rank, said", [
+    (1, "node 0 did not answer within 3 s"),
+    (0, "the other 1 node(s) did not all join within 3 s")])
+def test_a_node_alone_at_the_rendezvous_is_one_line_naming_who_is_missing(
+        tmp_path: Path, node_rank: int, said: str) -> None:
+    port = _free_port()
+    with pytest.raises(AsrtrainError) as e:
+        launch(["--backend", "ssgd", "--steps", "2", "--out", str(tmp_path)], 1, nnodes=2,
+               node_rank=node_rank, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=3,
+               **SYNTHETIC)
+    line = str(e.value)
+    assert line.startswith(f"node {node_rank} of 2: the rendezvous at 127.0.0.1:{port} failed")
+    assert said in line and "\n" not in line
+    assert not list(tmp_path.glob("rank*.json"))  # no learner ran
