@@ -330,8 +330,12 @@ class Pipeline:
         digest holds the generation of the stage's last fresh start (a forced run, or one after
         an input reran), so no inner step made from the inputs before is reused."""
         stage = self.stages[name]
-        return _hash({"config": _strip(self.values[name], stage.resumable),
-                      "inputs": self.inputs[name], "generation": self.generations[name]})
+        content: dict[str, Any] = {"config": _strip(self.values[name], stage.resumable),
+                                   "inputs": self.inputs[name],
+                                   "generation": self.generations[name]}
+        if name in self.files:   # an edited input file: no inner step made from it is reused
+            content["files"] = self.files[name]
+        return _hash(content)
 
     def plan(self, start: str | None = None, stop: str | None = None,
              force: bool | Collection[str] = False) -> list[Decision]:

@@ -105,3 +105,44 @@ def test_an_edited_transcript_reruns_prepare_and_what_follows(ctc_only) -> None:
     ok(run_cli(*args, "--to", "prepare"))
     assert f"{utt} {' '.join(reversed(words))}\n" in (exp / "data" / "train" / "text").read_text()
     assert plan(*args)[0] == CTC[1:]
+
+
+def test_a_kaldi_import_is_known_by_content(tmp_path: Path) -> None:
+    """align.source=kaldi's alignments and align.kaldi_fmllr's matrices enter align's digest by
+    content (and its inner steps' keys): an edit reruns align and names the file, a touch not."""
+    from test_e2e import REPO
+
+    from asrtrain.pipeline import Pipeline
+    from asrtrain.recipe import compose_recipe
+    from asrtrain.stages import STAGES
+
+    kaldi = tmp_path / "ali"
+    kaldi.mkdir()
+    (kaldi / "num_pdfs").write_text("10\n")
+    (kaldi / "pdf.1.ark").write_bytes(b"utt1 \0B\4\1\0\0\0\4\3\0\0\0")
+    trans = tmp_path / "trans"
+    trans.mkdir()
+    (trans / "trans.1").write_bytes(b"spk1 matrix")
+    (tmp_path / "final.mat").write_bytes(b"a matrix")
+    args = [f"exp_dir={tmp_path / 'exp'}", "align.source=kaldi", f"align.kaldi_dir={kaldi}",
+            f"+align.kaldi_fmllr={{final_mat: {tmp_path / 'final.mat'}, splice_opts: null, "
+            f"trans: {{train_nodup: {trans}}}}}"]
+
+    def pipeline() -> Pipeline:
+        return Pipeline(compose_recipe(REPO / "recipes" / "tiny", args), STAGES)
+
+    before = pipeline()
+    assert set(before.files["align"]) == {str(kaldi / "num_pdfs"), str(kaldi / "pdf.1.ark"),
+                                          str(trans / "trans.1"), str(tmp_path / "final.mat")}
+    os.utime(tmp_path / "final.mat", ns=(1, 10**18))
+    assert pipeline().digests == before.digests
+    for edited in (kaldi / "pdf.1.ark", trans / "trans.1", tmp_path / "final.mat"):
+        edited.write_bytes(edited.read_bytes() + b"!")
+        after = pipeline()
+        assert after.digests["align"] != before.digests["align"], edited
+        assert after.resume_key("align") != before.resume_key("align"), edited
+        assert after.digests["mfcc"] == before.digests["mfcc"]
+        assert f"changed: {edited}" in "; ".join(after._why_changed(
+            "align", {"digest": "", "config": before.values["align"],
+                      "inputs": before.inputs["align"], "files": before.files["align"]}))
+        before = after

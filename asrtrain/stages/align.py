@@ -352,6 +352,21 @@ def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | 
     write_fmllr_set(model_dir, data, out, trans)
 
 
+def kaldi_files(cfg: DictConfig) -> list[Path]:
+    """A Kaldi import's files (``align.source=kaldi``'s alignments, ``align.kaldi_fmllr``'s
+    matrices): they enter the digest by content, so an edited one reruns the stage."""
+    out: list[Path] = []
+    if cfg.align.get("source") == "kaldi" and cfg.align.get("kaldi_dir"):
+        where = Path(str(cfg.align.kaldi_dir))
+        out += [where / "num_pdfs", *sorted(where.glob("*.scp")), *sorted(where.glob("*.ark"))]
+    kaldi = cfg.align.get("kaldi_fmllr")
+    if kaldi:
+        out += [Path(str(p)) for p in (kaldi.get("final_mat"), kaldi.get("splice_opts")) if p]
+        for where in (kaldi.get("trans") or {}).values():
+            out += sorted(Path(str(where)).glob("trans.*")) if where else []
+    return out
+
+
 def check(cfg: DictConfig) -> None:
     if cfg.align.source not in ("train", "kaldi"):
         raise AsrtrainError(f"align.source={cfg.align.source!r}: expected train or kaldi")
@@ -408,7 +423,7 @@ def _config(cfg: DictConfig) -> dict:
     return {"align": {**align, "tune_on": dev} if dev else align}
 
 
-STAGE = Stage("align", run, reads=("mfcc", "lang", "lm"), config=_config,
+STAGE = Stage("align", run, reads=("mfcc", "lang", "lm"), config=_config, files=kaldi_files,
               resumable=("align.passes", "align.tune_on", "align.kaldi_fmllr"), check=check,
               doc="GMM-HMM passes (mono, tri1..tri4: deltas, LDA+MLLT, SAT), pdf alignments, "
                   "HCLG decoding of each, fMLLR feature dirs")
