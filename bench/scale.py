@@ -151,9 +151,10 @@ def anon_mb(pid: int) -> float:
 def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> dict:
     """Run cmd; its wall time, CPU time and peak RSS (of it and the children it waited for),
     and ``peak_anon_mb``: the peak private RSS of its largest process, sampled every
-    poll (so a peak shorter than that can be missed)."""
+    poll (so a peak shorter than that can be missed); of that, ``peak_anon_self_mb`` of the
+    process itself (the stage's) and ``peak_anon_jobs_mb`` of its largest descendant."""
     start = time.perf_counter()
-    peak_anon = 0.0
+    peak_anon = peak_self = peak_kids = 0.0
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
@@ -162,7 +163,10 @@ def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None)
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            peak_anon = max([peak_anon, *map(anon_mb, process_tree(proc.pid))])
+            tree = process_tree(proc.pid)
+            own, kids = anon_mb(tree[0]), max(map(anon_mb, tree[1:]), default=0.0)
+            peak_self, peak_kids = max(peak_self, own), max(peak_kids, kids)
+            peak_anon = max(peak_anon, own, kids)
             if time.perf_counter() > deadline:   # a hang: the stage and its workers go
                 os.killpg(proc.pid, signal.SIGKILL)
                 _pid, status, usage = os.wait4(proc.pid, 0)
@@ -173,6 +177,7 @@ def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
             "peak_rss_mb": usage.ru_maxrss / 1024, "peak_anon_mb": peak_anon,
+            "peak_anon_self_mb": peak_self, "peak_anon_jobs_mb": peak_kids,
             "returncode": proc.returncode,
             "timed_out": timed_out}
 
@@ -201,9 +206,19 @@ def fail(what: str, log: Path) -> None:
 
 
 def make_corpus(hours: float, out: Path, args: argparse.Namespace) -> tuple[dict, dict]:
-    """Generate the scale corpus; its manifest and the generator's measurement."""
+    """Generate the scale corpus; its manifest and the generator's measurement.  A corpus
+    already in ``out`` made with the same settings (its corpus.json) is taken as it is (its
+    generation figures then come from the earlier run: ``reused``)."""
+    test_hours = max(0.02, hours * TEST_FRACTION)
+    manifest = out / "corpus.json"
+    if manifest.is_file():
+        made = json.loads(manifest.read_text())
+        a = made.get("args", {})
+        if (a.get("hours"), a.get("test_hours"), a.get("speakers"), a.get("vocab")) == (
+                hours, float(f"{test_hours:g}"), args.speakers, args.vocab):
+            return made, {"reused": True, "wall_s": 0.0, "cpu_s": 0.0}
     cmd = [sys.executable, str(MAKE_CORPUS), "--hours", f"{hours:g}", "--out", str(out),
-           "--test-hours", f"{max(0.02, hours * TEST_FRACTION):g}",
+           "--test-hours", f"{test_hours:g}",
            "--speakers", str(args.speakers), "--vocab", str(args.vocab),
            "--jobs", str(os.cpu_count() or 1)]
     log = out.parent / f"make_corpus_{hours:g}h.log"
@@ -230,7 +245,17 @@ def run_size(hours: float, work: Path, args: argparse.Namespace) -> dict:
           file=sys.stderr, flush=True)
     overrides = recipe_overrides(exp, corpus, manifest, args.nj, args.override)
     stages = {}
-    for stage in STAGES:
+    measure = args.stages or STAGES
+    before = STAGES[:STAGES.index(measure[0])]
+    if before:   # --stages: the stages before the first measured one, run but not measured
+        log = work / f"stage_{hours:g}h_before.log"
+        m = measure_stage(["run", "recipes/tiny", *overrides, "--to", before[-1]], log,
+                          args.stage_timeout)
+        if m["returncode"]:
+            fail(f"stages {before[0]}..{before[-1]} ({hours:g} h)", log)
+        print(f"[{hours:g} h] {before[0]}..{before[-1]} (not measured) in {m['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
+    for stage in measure:
         log = work / f"stage_{hours:g}h_{stage}.log"
         cli = ["run", "recipes/tiny", *overrides, "--stage", stage, "--to", stage]
         m = measure_stage(cli, log, args.stage_timeout)
@@ -327,12 +352,12 @@ def size_of(stage: str, size: dict) -> float:
     return size["test_hours" if stage == "decode_hybrid" else "hours"]
 
 
-def growth(sizes: list[dict]) -> dict:
+def growth(sizes: list[dict], stages: list[str] = STAGES) -> dict:
     """Per stage, fitted over the sizes: CPU seconds of the stage process and of its jobs, the
     peak RSS of its largest process (and of the stage process and its largest job at their
     report), as fixed + per hour; the exponents of total CPU and peak RSS."""
     out = {}
-    for stage in STAGES:
+    for stage in stages:
         xs = [size_of(stage, s) for s in sizes]
         ms = [s["stages"][stage] for s in sizes]
         fit: dict = {"size": "test hours" if stage == "decode_hybrid" else "training hours",
@@ -487,13 +512,13 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
 
 
 # ------------------------------------------------------------------------------ report
-def per_stage(sizes: list[dict]) -> dict:
+def per_stage(sizes: list[dict], stages: list[str] = STAGES) -> dict:
     """``stages.NAME.{cpu_s, wall_s, peak_rss_mb, peak_anon_mb, parallel_fraction}``: a list
     over the sizes (``peak_anon_mb``, the private part, when every size recorded it)."""
     keys = ("cpu_s", "wall_s", "peak_rss_mb", "peak_anon_mb", "parallel_fraction")
     return {stage: {k: [round(s["stages"][stage][k], 3) for s in sizes] for k in keys
                     if all(k in s["stages"][stage] for s in sizes)}
-            for stage in STAGES}
+            for stage in stages}
 
 
 def table(result: dict) -> str:
@@ -581,6 +606,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="measured sizes to take instead of running them again: an earlier "
                          "scale.json, or a size's own JSON (work/size-H.json, written after "
                          "each size)")
+    ap.add_argument("--stages", nargs="+", choices=STAGES, default=None,
+                    help="measure these stages only (the stages before them run first, not "
+                         "measured); writes scale_stages.json (sizes, per-stage figures and "
+                         "their growth), no projection")
     ap.add_argument("--work", type=Path, default=None,
                     help="keep corpora, exp dirs and logs here (default: a temporary dir)")
     args = ap.parse_args(argv)
@@ -589,6 +618,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.stage_timeout = 900 if args.quick else 4 * 3600
     if len(args.sizes) < 2 or args.sizes[0] <= 0:
         ap.error("--sizes: at least two positive sizes (the growth is fitted over them)")
+    if args.stages:
+        args.stages = [s for s in STAGES if s in args.stages]
+        if args.stages == STAGES:
+            args.stages = None
     return args
 
 
@@ -606,6 +639,25 @@ def reused_sizes(paths: list[Path]) -> dict[float, tuple[dict, Path]]:
         if not out:
             raise SystemExit(f"--reuse {path}: no measured size in it")
     return out
+
+
+def partial(args: argparse.Namespace, sizes: list[dict], started: float) -> None:
+    """``--stages``: the measured stages' figures and growth, in scale_stages.json."""
+    result = {"machine": {"cpus": os.cpu_count(), "nj": args.nj,
+                          "load_avg_1m": os.getloadavg()[0]},
+              "measured_stages": args.stages, "hours": [s["hours"] for s in sizes],
+              "stages": per_stage(sizes, args.stages), "sizes": sizes,
+              "growth": growth(sizes, args.stages), "wall_s": time.perf_counter() - started}
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = args.results / "scale_stages.json"
+    write_text(out, json.dumps(result, indent=2) + "\n")
+    for stage in args.stages:
+        f = result["stages"][stage]
+        print(f"{stage}: " + "; ".join(
+            f"{h:.2f} h: cpu {c:.0f} s, wall {w:.0f} s, peak RSS {r:.0f} MB"
+            for h, c, w, r in zip(result["hours"], f["cpu_s"], f["wall_s"], f["peak_rss_mb"],
+                                  strict=True)))
+    print(f"wrote {out} in {result['wall_s']:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -626,7 +678,11 @@ def main(argv: list[str] | None = None) -> None:
                 sizes.append(done[h][0])
                 continue
             sizes.append(run_size(h, args.work, args))
-            write_text(args.work / f"size-{h:g}.json", json.dumps(sizes[-1], indent=2) + "\n")
+            name = f"size-{h:g}" + (f"-{'-'.join(args.stages)}" if args.stages else "")
+            write_text(args.work / f"{name}.json", json.dumps(sizes[-1], indent=2) + "\n")
+        if args.stages:
+            partial(args, sizes, started)
+            return
         align = time_align(args, args.work)
     finally:
         if tmp is not None:

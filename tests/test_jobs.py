@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from asrtrain import AsrtrainError
-from asrtrain.jobs import JobConfig, SlurmOptions, run_jobs, set_threads, split_by_speaker
+from asrtrain.jobs import (
+    JobConfig,
+    JobPool,
+    SlurmOptions,
+    run_jobs,
+    set_threads,
+    split_by_speaker,
+)
 
 
 def _square_and_pid(x: int) -> tuple[int, int, int]:
@@ -36,6 +43,28 @@ def test_local_jobs_run_in_processes_in_order_with_their_threads():
     assert {r[2] for r in out} == {1}
     two = run_jobs(_square_and_pid, [1, 2], JobConfig(nj=2, threads=2), "two threads")
     assert {r[2] for r in two} == {2}
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_is_kept_across_calls_and_ended_by_a_failure():
+    """A JobPool (a GMM pass's) starts its processes once for many calls: the same worker
+    pids answer every call; a failing job ends the pool (error named as without one) and the
+    next call starts a new one; the pool's end leaves no worker behind."""
+    jobs = JobConfig(nj=2, threads=1)
+    with JobPool(jobs) as pool:
+        pids = set()
+        for k in range(4):
+            out = run_jobs(_square_and_pid, [k, k + 1, k + 2], jobs, f"call {k}", pool=pool)
+            assert [r[0] for r in out] == [x * x for x in (k, k + 1, k + 2)]
+            pids |= {r[1] for r in out}
+        assert pool.started == 1 and len(pids) <= 2 and os.getpid() not in pids
+        with pytest.raises(AsrtrainError, match=r"call 5: job 2 of 3 failed: ValueError"):
+            run_jobs(_fail_on_three, [1, 3, 4], jobs, "call 5", pool=pool)
+        out = run_jobs(_square_and_pid, [5, 6], jobs, "call 6", pool=pool)
+        assert [r[0] for r in out] == [25, 36] and pool.started == 2
+        assert not pids & {r[1] for r in out}   # new processes
+        workers = list(pool.executor()._processes.values())
+    assert workers and all(not w.is_alive() for w in workers)
 
 
 def test_one_job_runs_here():
