@@ -217,14 +217,22 @@ class AcousticModel:
 
     @classmethod
     def read(cls, path: Path | str) -> AcousticModel:
-        """A model file (``final.mdl``, ``final.alimdl``, or the one a pass's jobs read)."""
-        d = torch.load(path, weights_only=True)
-        mat = d.get("lda_mllt")
-        return cls(Tree.from_state_dict(d["tree"]), DiagGmmSet.from_state_dict(d["gmm"]),
-                   {int(p): m.numpy() for p, m in d["log_trans"].items()},
-                   int(d["delta_order"]), d["var_floor"].numpy(),
-                   tuple(int(v) for v in d.get("splice", (0, 0))),
-                   None if mat is None else mat.numpy(), bool(d.get("sat", False)))
+        """A model file (``final.mdl``, ``final.alimdl``, or the one a pass's jobs read); one
+        cut short or of another kind is an error naming it."""
+        try:
+            d = torch.load(path, weights_only=True)
+            mat = d.get("lda_mllt")
+            return cls(Tree.from_state_dict(d["tree"]), DiagGmmSet.from_state_dict(d["gmm"]),
+                       {int(p): m.numpy() for p, m in d["log_trans"].items()},
+                       int(d["delta_order"]), d["var_floor"].numpy(),
+                       tuple(int(v) for v in d.get("splice", (0, 0))),
+                       None if mat is None else mat.numpy(), bool(d.get("sat", False)))
+        except (AsrtrainError, FileNotFoundError):
+            raise
+        except Exception as e:  # noqa: BLE001 - torch's zip reader says neither file nor why
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise AsrtrainError(f"{path}: not a whole GMM model ({why}); it was cut short or "
+                                "altered: rerun its pass (--force align)") from e
 
 
 def initial_log_trans(lang: Lang) -> dict[int, np.ndarray]:

@@ -37,10 +37,15 @@ class _Hashing:
     def __init__(self, f) -> None:
         self.f = f
         self.sha = hashlib.sha256()
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
         self.sha.update(data)
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:  # torch's writer turns it into "unexpected pos": keep it
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -49,10 +54,20 @@ class _Hashing:
 def save(obj: Any, path: str | Path) -> None:
     """``torch.save`` through a temporary name (synced), so a crash never leaves a torn
     checkpoint, and the sha256 of its bytes beside it (recorded before the rename: a file under
-    its real name always has its checksum)."""
+    its real name always has its checksum).
+
+    Raises:
+        OSError: writing failed (a full disk: ``ENOSPC``), naming ``path``; not torch's
+            ``[enforce fail at inline_container.cc] unexpected pos``, which says neither.
+    """
     with atomic_open(path, "wb") as f:
         out = _Hashing(f)
-        torch.save(obj, out)
+        try:
+            torch.save(obj, out)
+        except RuntimeError as e:
+            if out.error is None:
+                raise
+            raise OSError(out.error.errno, out.error.strerror, str(path)) from e
         checksum.write_sidecar(path, out.sha.hexdigest())
 
 

@@ -10,7 +10,9 @@ stage asks for a fresh run, are moved aside (never deleted) and training starts 
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,8 @@ log = logging.getLogger("asrtrain")
 #: keeps: they never change the model.
 LAUNCH_ONLY = ("log_every", "threads", "timeout_s", "nnodes", "node_rank", "rdzv_endpoint",
                "gossip_idle_s", "gossip_backend", "cpu", "keep_checkpoints", "chunk_data")
+#: What a learner's error says of a full disk (``asrtrain.pipeline.describe_os_error``).
+NO_SPACE = "no space left on the device of "
 #: Trainer settings a run may change and still continue from its checkpoints.
 RESUMABLE = ("epochs", "learners")
 
@@ -72,8 +76,15 @@ def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: b
     else:
         from asrtrain.distributed.launch import launch
 
-        launch([str(config_path)], learners=t.learners, nnodes=t.nnodes, node_rank=t.node_rank,
-               rdzv_endpoint=t.rdzv_endpoint, threads=t.threads)
+        try:
+            launch([str(config_path)], learners=t.learners, nnodes=t.nnodes,
+                   node_rank=t.node_rank, rdzv_endpoint=t.rdzv_endpoint, threads=t.threads)
+        except AsrtrainError as e:
+            if NO_SPACE not in str(e):
+                raise
+            # a learner's full disk (asrtrain.train.worker): the stage says it as the data
+            # stages do, once, not as each learner did
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out)) from e
     if not (out / "final.pt").is_file():
         raise AsrtrainError(f"{out}/final.pt: training ended without a final model "
                             f"(see {exp / 'log' / 'train.log'})")

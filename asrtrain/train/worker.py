@@ -34,5 +34,12 @@ def run_learner(config_path: str | Path) -> Path:
     backend = build_backend(tcfg)  # also sets trainer.threads CPU threads, one by default
     try:
         return train(cfg, backend)
+    except OSError as e:
+        if "TORCHELASTIC_RUN_ID" not in os.environ:
+            raise  # in the stage's own process: the stage says it (asrtrain.pipeline)
+        from asrtrain.pipeline import describe_os_error
+
+        # a learner of several: one line (a full disk, a read-only dir) for the launcher to quote
+        raise AsrtrainError(describe_os_error(e, Path(cfg.train_dir))) from e
     finally:
         backend.close()
