@@ -11,7 +11,8 @@ run finds the exp dir somewhere else, every text file under it that holds the ol
 whole path component: ``/a/exp`` is not a prefix of ``/a/exp2``) has it replaced by the new one,
 each file rewritten atomically, before any stage looks at them; one log line says so. The
 stages' digests hold no exp path, so nothing is recomputed. Binary files (arks, checkpoints,
-FSTs: a NUL byte in their first block) are left alone: nothing reads a path out of them.
+FSTs: a NUL byte in their first block) are left alone: nothing reads a path out of them; so are
+the logs (``log/``: what ran where, then) and the hybrid trainer's chunk stores.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ LOCATION = Path(".done") / "location"
 BINARY_SUFFIXES = {".ark", ".pt", ".mdl", ".fst", ".npy", ".npz", ".bin", ".model", ".gz",
                    ".png", ".pdf", ".wav", ".flac", ".sph", ".alimdl", ".ubm", ".ie", ".arrays",
                    ".f16", ".i32", ".i64"}
+#: Directories of the exp dir left alone: the logs say where things were when they ran, and
+#: the chunk stores are flat binary arrays (keyed by the scps: a moved exp makes new ones).
+SKIPPED_DIRS = {"log", "chunkstore"}
 #: Text files larger than this are not read whole (none of ours holds a path and is larger).
 MAX_TEXT_BYTES = 1 << 30
 _SNIFF = 8192
@@ -79,6 +83,8 @@ def files_naming(exp: Path, old: Path) -> list[Path]:
     pattern = _pattern(old)
     found = []
     for root, dirs, files in os.walk(exp):
+        if Path(root) == exp:
+            dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
         dirs.sort()
         for name in sorted(files):
             path = Path(root) / name

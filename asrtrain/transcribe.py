@@ -41,7 +41,7 @@ import click
 import numpy as np
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir, Segment, read_table, write_table
+from asrtrain.data.datadir import DataDir, Segment, read_table, read_utt2dur, write_table
 from asrtrain.recipe import Paths
 
 log = logging.getLogger(__name__)
@@ -407,8 +407,10 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
                                c.prior_scale, c.acoustic_scale, c.batch_chunks, device)
     setting = c.settings()[0]
     hyps, stats = decode_sweep(loglikes, graph, [setting], c, ckpt.frame_shift)
+    # the seconds measured from the samples (the features' utt2dur), as the lines before said
+    seconds = sum(read_utt2dur(data_dir).values()) or stats["audio_seconds"]
     log.info("decoded %d utterances (%.1f s of audio), real-time factor %.3f",
-             stats["utterances"], stats["audio_seconds"], stats["real_time_factor"])
+             stats["utterances"], seconds, stats["real_time_factor"])
     timed = hyps[setting]
     write_words(out_dir, {u: [w.word for w in ws] for u, ws in timed.items()}, timed,
                 reader.data)

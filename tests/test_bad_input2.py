@@ -186,10 +186,12 @@ def test_features_log_states_the_measured_audio_duration(tmp_path: Path) -> None
 
 # ----------------------------------------------------------------------------- moved exp dir
 def _names_path(root: Path, path: Path) -> list[str]:
+    """The files under ``root`` but its logs that name ``path``."""
     pattern = re.compile(re.escape(str(path)) + r"(?=[/\s\"',:|\]}]|$)", re.M)
     found = []
     for p in root.rglob("*"):
-        if p.is_file() and not p.name.endswith((".ark", ".pt", ".model")):
+        if p.is_file() and not p.name.endswith((".ark", ".pt", ".model")) and \
+                p.relative_to(root).parts[0] != "log":
             try:
                 if pattern.search(p.read_text(encoding="utf-8")):
                     found.append(str(p.relative_to(root)))

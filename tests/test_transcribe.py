@@ -4,6 +4,7 @@ SPHERE files decodes to the words the decode stages wrote for those utterances."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -213,6 +214,21 @@ def test_clear_one_line_errors(exp: Path, cut: Path, tmp_path: Path) -> None:
         (["--exp", exp, mono, tmp_path / "again" / mono.name],
          f"recording id {mono.stem} is also given by {mono}"),
     ]
+    # audio shorter than one 25 ms frame (issue 26): a file, and a segment of a wav.scp
+    soundfile.write(tmp_path / "short.wav", np.zeros(100, np.int16), 8000, subtype="PCM_16")
+    segmented = tmp_path / "segmented"
+    segmented.mkdir()
+    (segmented / "wav.scp").write_text(f"rec {mono}\n")
+    (segmented / "segments").write_text("rec-a rec 0.50 1.50\nrec-b rec 2.00 2.01\n")
+    cases += [
+        (["--exp", exp, tmp_path], f"{tmp_path}: is a directory, not an audio file"),
+        (["--exp", exp, tmp_path / "short.wav"],
+         f"{tmp_path / 'short.wav'}: 100 samples at 8000 Hz (0.013 s), shorter than one 25 ms "
+         "frame: nothing to transcribe"),
+        (["--exp", exp, segmented / "wav.scp"],
+         f"{segmented / 'wav.scp'}: recording rec: segment rec-b (2-2.01 s) is 0.010 s, shorter "
+         "than one 25 ms frame"),
+    ]
     for args, message in cases:
         proc = transcribe(*args)
         assert proc.returncode == 1, (args, proc.stderr[-2000:])
@@ -220,3 +236,15 @@ def test_clear_one_line_errors(exp: Path, cut: Path, tmp_path: Path) -> None:
         assert len(errors) == 1 and errors[0].startswith("asrtrain: error: "), proc.stderr
         assert message in errors[0], (message, errors[0])
         assert "Traceback" not in proc.stderr and not proc.stdout
+
+
+def test_one_audio_duration_everywhere(exp: Path, cut: Path) -> None:
+    """Issue 26: every line that states the audio's duration states the one measured from its
+    samples (the files' lengths, here all of a whole file)."""
+    files = sorted((cut / "8k").glob("*.wav"))[:3]
+    seconds = sum(soundfile.info(str(f)).frames / 8000 for f in files)
+    proc = transcribe("--exp", exp, "--system", "hybrid", *files)
+    ok(proc)
+    stated = [float(x) for x in re.findall(r"([\d.]+) s of audio", proc.stderr)]
+    assert len(stated) == 3, proc.stderr[-3000:]    # read, features, decoded
+    assert stated == [round(seconds, 1)] * 3, (stated, seconds)

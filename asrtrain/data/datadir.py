@@ -374,6 +374,18 @@ def drop_utterances(path: str | Path, utts: set[str]) -> None:
     write_table(path / "spk2utt", {k: " ".join(v) for k, v in sorted(spk2utt.items())})
 
 
+def read_utt2dur(data_dir: str | Path) -> dict[str, float]:
+    """The data dir's ``utt2dur`` (seconds per utterance, measured from the decoded samples by
+    the features stage), or {} when it has none or it cannot be read as one."""
+    path = Path(data_dir) / "utt2dur"
+    if not path.is_file():
+        return {}
+    try:
+        return {u: float(v) for u, v in read_table(path).items()}
+    except (AsrtrainError, ValueError):
+        return {}
+
+
 def write_table(path: str | Path, table: dict[str, str]) -> None:
     """Write ``<key> <value>`` lines in C-locale key order, atomically."""
     with atomic_open(path, "w", encoding="utf-8") as f:

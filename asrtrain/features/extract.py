@@ -293,8 +293,9 @@ def _drop_short(data_dir: Path, data: DataDir, short: dict[str, int],
     if not kept:
         raise AsrtrainError(f"{data_dir}: every utterance is shorter than {frame}: {named}{more}")
     log.warning("%s: %d utterance%s shorter than %s skipped and removed from the data dir, as "
-                "Kaldi's compute-fbank-feats and utils/fix_data_dir.sh do: %s%s", data_dir,
-                len(short), "s" if len(short) > 1 else "", frame, named, more)
+                "Kaldi's compute-%s-feats and utils/fix_data_dir.sh do: %s%s", data_dir,
+                len(short), "s" if len(short) > 1 else "", frame, all_opts[-1].kind, named,
+                more)
     drop_utterances(data_dir, set(short))
     return data.subset(kept)
 
