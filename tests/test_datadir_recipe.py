@@ -278,7 +278,7 @@ def test_a_dict_dir_without_unk_cannot_take_oovs(corpus: Path, tmp_path: Path) -
     d.mkdir()
     for name, text in files.items():
         (d / name).write_text(text)
-    with pytest.raises(AsrtrainError, match=r"train/text: 2 of .* are not in the lexicon "
+    with pytest.raises(AsrtrainError, match=r"train/text: 5 of .* are not in the lexicon "
                                             r".*/lexicon.txt: .*; it has no <unk> to map them "
                                             r"to: add the line '<unk> spn'"):
         user_dict_files(_user_corpus(corpus, dict_dir=str(d)), DataDir.read(corpus / "train"),
