@@ -2,11 +2,12 @@
 
 As Kaldi's ``RESULTS`` and ESPnet's ``RESULTS.md``: every scoring step (the ``score``, ``align``
 and ``decode_hybrid`` stages) leaves ``<decode dir>/score/result.json`` beside its reports (the
-WER per subset, the decoding setting used and where it was chosen, the stage and its config
-digest, the date) and rewrites ``<exp>/RESULTS.md`` from all of them; ``asrtrain run`` ends by
-printing the short table, skipped stages included, and ``asrtrain report`` prints the whole one.
-Decode dirs scored before ``result.json`` existed are read from their ``score/wer``, their
-``decode.json`` and the stage's ``.done`` record.
+WER per subset, the decoding setting used and where it was chosen, which of the training run's
+models was decoded (``decode.checkpoint``, from the decode dir's ``decode.json``), the stage and
+its config digest, the date) and rewrites ``<exp>/RESULTS.md`` from all of them; ``asrtrain run``
+ends by printing the short table, skipped stages included, and ``asrtrain report`` prints the
+whole one. Decode dirs scored before ``result.json`` existed are read from their ``score/wer``,
+their ``decode.json`` and the stage's ``.done`` record.
 
 Usage::
 
@@ -47,7 +48,9 @@ SUBSET_NAMES = {"all": "WER", "swbd": "SWB", "callhm": "CallHome"}
 class Result:
     """One scored decode: ``wer`` per subset as ``counts_json`` gives it (``wer`` in percent,
     ``sub``, ``dels``, ``ins``, ``ref_words``, ...); ``chosen_on`` is the set the setting was
-    chosen on, ``"config"`` when it was fixed, None when there was nothing to choose."""
+    chosen on, ``"config"`` when it was fixed, None when there was nothing to choose;
+    ``checkpoint`` says which of a neural model's epochs were decoded (None: a GMM pass, or a
+    decode older than ``decode.checkpoint``)."""
 
     system: str
     kind: str
@@ -60,6 +63,7 @@ class Result:
     digest: str | None
     date: str | None
     time: float = 0.0
+    checkpoint: str | None = None
 
 
 def record_result(ctx: StageContext, decode_dir: Path, system: str, kind: str, set_name: str,
@@ -70,8 +74,22 @@ def record_result(ctx: StageContext, decode_dir: Path, system: str, kind: str, s
 
     result = Result(system, kind, set_name, scoring_of(data_dir), counts_json(dict(counts)),
                     dict(setting), chosen_on, ctx.stage.name, ctx.digest,
-                    time.strftime("%Y-%m-%d %H:%M"), time.time())
+                    time.strftime("%Y-%m-%d %H:%M"), time.time(), decoded_checkpoint(decode_dir))
     write_text(Path(decode_dir) / "score" / RESULT, json.dumps(asdict(result), indent=1) + "\n")
+
+
+def decoded_checkpoint(decode_dir: Path) -> str | None:
+    """Which of the training run's models a decode dir's ``decode.json`` says was decoded
+    (e.g. "average of epochs 7, 9, 10 (dev loss ...)"), or None."""
+    path = Path(decode_dir) / "decode.json"
+    if not path.is_file():
+        return None
+    try:
+        chosen = json.loads(path.read_text()).get("checkpoint")
+    except (ValueError, AttributeError) as e:
+        raise AsrtrainError(f"{path}: not a decode summary ({e}); decode again") from e
+    return str(chosen["description"]) if isinstance(chosen, dict) and chosen.get(
+        "description") else None
 
 
 def chosen_on(n_settings: int, set_name: str, tuned_on: str | None) -> str | None:
@@ -134,13 +152,13 @@ def _legacy(exp: Path, score_dir: Path) -> Result | None:
         stage, setting = "score", {}
     selection = str(summary.get("selection", ""))
     chosen = (summary.get("tuned_on") or ("config" if selection.startswith("fixed") else
-                                          set_name if summary else None))
+                                          set_name if summary and stage != "score" else None))
     from asrtrain.pipeline import read_marker
 
     record = read_marker(exp / ".done" / stage) or {}
     return Result(system, STAGE_KINDS[stage], set_name, "hub5" if "swbd" in wer else "plain", wer,
                   setting, chosen, stage, record.get("digest"), record.get("finished"),
-                  (score_dir / "wer").stat().st_mtime)
+                  (score_dir / "wer").stat().st_mtime, decoded_checkpoint(score_dir.parent))
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -190,10 +208,11 @@ def results_markdown(exp: Path, results: Sequence[Result]) -> str:
     """``RESULTS.md``: a short preamble, then one row per scored decode dir."""
     current = _current_digests(exp)
     header = ["system", "kind", "set", "WER", "SWB", "CallHome", "sub / del / ins", "words",
-              "setting", "chosen on", "stage digest", "date"]
+              "setting", "chosen on", "model decoded", "stage digest", "date"]
     rows = [[r.system, r.kind, r.set, _wer(r, "all"), _wer(r, "swbd"), _wer(r, "callhm"),
              _errors(r), str(r.wer.get("all", {}).get("ref_words", "–")), _setting(r),
-             _chosen(r), _digest(r, current), r.date or "–"] for r in results]
+             _chosen(r), r.checkpoint or "–", _digest(r, current), r.date or "–"]
+            for r in results]
     lines = [f"# Results: {exp}", "",
              "Every system and GMM pass scored so far, rewritten by each scoring step (the score, "
              "align and decode_hybrid stages); `asrtrain report` prints it. WER in percent: "
@@ -201,8 +220,11 @@ def results_markdown(exp: Path, results: Sequence[Result]) -> str:
              "plain per-utterance WER of the text otherwise. *setting*: the LM weight and "
              "insertion penalty (hybrid) or acoustic scale (GMM) used; *chosen on*: the test set "
              "itself (Kaldi's habit, an optimistic figure), the dev set (held out: "
-             "`score.tune_on`), or the config. *stage digest*: the stage's config digest "
-             "(`.done/<stage>`) when it scored. Reports: `decode/<system>/<set>/score/`.", "",
+             "`score.tune_on`), or the config. *model decoded*: which of the training run's "
+             "epochs a CTC or hybrid decode used (`decode.checkpoint`, "
+             "`hybrid.decode.checkpoint`: best, last, or an average by dev loss). *stage "
+             "digest*: the stage's config digest (`.done/<stage>`) when it scored. Reports: "
+             "`decode/<system>/<set>/score/`.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"

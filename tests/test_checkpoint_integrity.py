@@ -140,7 +140,8 @@ def test_keep_checkpoints_prunes_and_the_run_still_resumes(exp: Path, tmp_path: 
                                                            caplog) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "model"
-    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 4, "trainer.keep_checkpoints": 1}),
+    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 4, "trainer.keep_checkpoints": 1,
+                                     "trainer.keep_best": 1}),
           SingleProcessBackend())
     losses = {e: checkpoint.load(checkpoint.model_path(out, e))["metrics"]["dev_loss"]
               for e in checkpoint.epochs(out)}
@@ -150,7 +151,8 @@ def test_keep_checkpoints_prunes_and_the_run_still_resumes(exp: Path, tmp_path: 
     assert (out / "final.pt").is_file()
     # trainer.epochs=6 continues from epoch 4, with its optimizer state
     caplog.set_level(logging.INFO)
-    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 6, "trainer.keep_checkpoints": 1}),
+    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 6, "trainer.keep_checkpoints": 1,
+                                     "trainer.keep_best": 1}),
           SingleProcessBackend())
     assert "resuming after epoch 4" in caplog.text
     assert checkpoint.epochs(out)[-1] == 6
@@ -163,11 +165,13 @@ def test_keep_checkpoints_prunes_and_the_run_still_resumes(exp: Path, tmp_path: 
 def test_fewer_epochs_than_trained_give_a_model_of_that_many(exp: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "model"
-    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 4, "trainer.keep_checkpoints": 1}),
+    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 4, "trainer.keep_checkpoints": 1,
+                                     "trainer.keep_best": 1}),
           SingleProcessBackend())
     assert checkpoint.load(out / "final.pt")["epoch"] == 4
     # epoch 2 is gone (unless it was the best): training goes on from what is kept up to it
-    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 2, "trainer.keep_checkpoints": 1}),
+    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 2, "trainer.keep_checkpoints": 1,
+                                     "trainer.keep_best": 1}),
           SingleProcessBackend())
     assert checkpoint.load(out / "final.pt")["epoch"] == 2
     assert 4 in checkpoint.epochs(out)  # the later epoch stays for a run that goes on

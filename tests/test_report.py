@@ -84,6 +84,14 @@ def test_results_table_rows_for_a_real_tiny_run(tiny: dict) -> None:
         assert row["chosen on"] == "eval2000 itself (optimistic)"
     assert hybrid["setting"] == "LM weight 10, insertion penalty 0.0"
     assert hybrid["chosen on"] == "fixed by the config"
+    # which epochs' model was decoded (decode.checkpoint): one epoch trained, so that one
+    for row in (ctc, hybrid):
+        chosen = json.loads((exp / "decode" / row["system"] / "eval2000" / "decode.json")
+                            .read_text())["checkpoint"]
+        assert row["model decoded"] == chosen["description"]
+        assert chosen["epochs"] == [1] and row["model decoded"].startswith(
+            "average of the 5 best epochs: only epoch 1 (dev loss ")
+    assert mono["model decoded"] == tri1["model decoded"] == "–"
 
 
 def test_run_ends_with_the_summary_and_gmm_details_stay_in_the_stage_log(tiny: dict) -> None:

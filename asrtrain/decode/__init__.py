@@ -117,7 +117,9 @@ class HybridDecodeConfig:
     """``decode_hybrid``'s options (see asrtrain/decode/hybrid.py's docstring): ``decoder``
     lattice | faster, the pseudo log-likelihood scales, the search beams, the LM weights
     ``min_lmwt..max_lmwt`` x insertion penalties ``wips`` swept (``lmwt``/``wip`` fix them
-    instead), chunks per forward pass, torch CPU threads (0: leave as is) and device."""
+    instead), chunks per forward pass, torch CPU threads (0: leave as is) and device; and
+    which of the training run's models is decoded, ``checkpoint`` best | last | average (of the
+    ``average_n`` epochs of lowest dev loss: asrtrain.models.average)."""
 
     decoder: str = "lattice"
     beam: float = 15.0
@@ -133,8 +135,13 @@ class HybridDecodeConfig:
     batch_chunks: int = 256
     threads: int = 0
     device: str = "cpu"
+    checkpoint: str = "average"
+    average_n: int = 5
 
     def __post_init__(self) -> None:
+        from asrtrain.models.average import CheckpointChoice
+
+        CheckpointChoice(self.checkpoint, self.average_n)
         _check(self.decoder in ("lattice", "faster"),
                f"decode.decoder={self.decoder!r}: expected lattice or faster")
         _check(self.decoder == "lattice" or self.wip in (None, 0.0),

@@ -7,6 +7,7 @@ segment a word belongs to, not for forced alignment.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -79,8 +80,10 @@ def write_ctm(path, words_by_utt: dict[str, list[TimedWord]], data) -> int:
 
 @torch.no_grad()
 def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int = 20000,
-                    threads: int = 0) -> dict[str, float]:
-    """Greedy-decode every utterance of ``data_dir``; write ``text`` hyps and ``ctm``."""
+                    threads: int = 0, checkpoint: dict | None = None) -> dict:
+    """Greedy-decode every utterance of ``data_dir``; write ``text`` hyps, ``ctm`` and
+    ``decode.json`` (the figures returned, the model's path, and ``checkpoint``: which of the
+    training run's models it is, :func:`asrtrain.models.average.choose_model`'s description)."""
     if threads:
         torch.set_num_threads(threads)
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -114,4 +117,10 @@ def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int
     log.info("%s: decoded %d utterances (%.1f min of audio) in %.1f s, real-time factor %.3f; "
              "%d words in %s", data_dir, len(hyps), audio_seconds / 60, elapsed, rtf, n,
              out_dir / "ctm")
-    return {"utterances": len(hyps), "seconds": elapsed, "rtf": rtf, "words": n}
+    summary = {"utterances": len(hyps), "seconds": elapsed, "rtf": rtf, "words": n,
+               "model": str(model_path)}
+    if checkpoint is not None:
+        summary["checkpoint"] = dict(checkpoint)
+    with atomic_open(out_dir / "decode.json", "w", encoding="utf-8") as f:
+        f.write(json.dumps(summary, indent=1) + "\n")
+    return summary

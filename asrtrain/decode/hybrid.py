@@ -78,7 +78,8 @@ def model_for_graph(ckpt: ModelCheckpoint, model_path: Path, graph, graph_dir: P
 def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
                   cfg: Mapping | HybridDecodeConfig | None = None, nj: int | JobConfig = 1,
                   audio_per_job: float = AUDIO_PER_JOB_S,
-                  streams: Mapping[str, Path] | None = None) -> dict:
+                  streams: Mapping[str, Path] | None = None,
+                  checkpoint: Mapping | None = None) -> dict:
     """Decode ``data_dir`` with the hybrid checkpoint ``model_path`` and ``graph_dir``'s HCLG.
 
     ``cfg``: ``HybridDecodeConfig``'s keys, with their defaults (asrtrain/decode/__init__.py):
@@ -94,6 +95,8 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
     and their ``threads``.
     ``streams``: {stream: directory} of the per-frame streams the model's input appends
     (its checkpoint's ``features.append``; ``features.reader.stream_dirs`` of the set).
+    ``checkpoint``: which of the run's models ``model_path`` is
+    (:func:`asrtrain.models.average.choose_model`'s description), kept in ``decode.json``.
     Returns the summary written to ``decode.json``: the chosen ``lmwt``/``wip``, ``wer`` per
     subset, every setting's WER under ``sweep``, and the real-time factors (network, search,
     both, per core: CPU seconds per second of audio; and of the wall time; feature reading and
@@ -123,6 +126,9 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
         stats = merge_stats([st for _, st in results])
     stats["wall_seconds"] = round(time.time() - t0, 2)
     stats["wall_real_time_factor"] = round(stats["wall_seconds"] / stats["audio_seconds"], 4)
+    stats["model"] = str(model_path)
+    if checkpoint is not None:
+        stats["checkpoint"] = dict(checkpoint)
     return score_sweep(hyps, c.settings(), c, DataDir.read(data_dir), data_dir, out_dir, stats)
 
 

@@ -33,10 +33,13 @@ def check_trainer(trainer: DictConfig, model: DictConfig | None = None,
 def trainer_settings(trainer: DictConfig) -> dict:
     """The trainer settings in a train stage's digest. ``precision: fp32``, the only precision
     before ``trainer.precision`` existed, is left out, so runs finished before it keep their
-    digests and are not retrained; any other precision is in."""
+    digests and are not retrained; any other precision is in. ``early_stop_patience: 0`` (off,
+    as before the setting existed) is left out too."""
     out = OmegaConf.to_container(trainer, resolve=True)
     if out.get("precision") == "fp32":
         del out["precision"]
+    if out.get("early_stop_patience") == 0:  # off, as before the setting existed
+        del out["early_stop_patience"]
     return out
 
 

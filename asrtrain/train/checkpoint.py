@@ -6,15 +6,16 @@ What a model checkpoint holds is :class:`asrtrain.models.checkpoint.ModelCheckpo
 beside the schema, so that decoding needs nothing from ``train``.
 
 Every epoch's model and optimizer states add up (1.4 GB for the tiny recipe's 30 epochs), so
-:func:`prune` keeps the last ``trainer.keep_checkpoints`` epochs (what a resume needs), the best
-epoch's model by dev loss, and ``final.pt``; :func:`last_good_epoch` skips checkpoints cut short
-or altered, so a run resumes from the last one it can trust.
+:func:`prune` keeps the last ``trainer.keep_checkpoints`` epochs (what a resume needs), the models
+of the ``trainer.keep_best`` best epochs by dev loss, and ``final.pt``; :func:`last_good_epoch`
+skips checkpoints cut short or altered, so a run resumes from the last one it can trust.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from pathlib import Path
 
 from asrtrain import AsrtrainError
@@ -81,21 +82,24 @@ def dev_losses(out_dir: str | Path, upto: int) -> dict[int, float]:
     return out
 
 
-def prune(out_dir: str | Path, keep: int, newest: int, best: int | None = None) -> list[Path]:
+def prune(out_dir: str | Path, keep: int, newest: int,
+          best: int | Collection[int] | None = None) -> list[Path]:
     """Delete the files of the epochs before the last ``keep`` model checkpoints up to
-    ``newest`` (just written whole), except epoch ``best``'s model (its optimizer states go);
+    ``newest`` (just written whole), except the models of epochs ``best`` (one or several:
+    ``trainer.keep_best``; their optimizer states go);
     ``keep`` 0 keeps all. Files of epochs after ``newest`` (left by an earlier run, to be
     written again) are not touched. Returns what was deleted."""
     done = [e for e in epochs(out_dir) if e <= newest]
     if keep <= 0 or len(done) <= keep:
         return []
     oldest_kept = done[-keep]
+    kept = {best} if isinstance(best, int) else set(best or ())
     removed = []
     for p in sorted(Path(out_dir).iterdir()):
         m = EPOCH_FILE.match(p.name)
         if not m or int(m.group(1)) >= oldest_kept:
             continue
-        if int(m.group(1)) == best and EPOCH.match(p.name):
+        if int(m.group(1)) in kept and EPOCH.match(p.name):
             continue
         checksum.remove(p)
         removed.append(p)

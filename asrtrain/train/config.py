@@ -169,8 +169,10 @@ class TrainerConfig:
     (:class:`asrtrain.train.schedule.LRSchedule`: ``warmup_epochs``, ``warmup_start``,
     ``anneal_start_epoch``, ``anneal_factor``), ``log_every`` steps, ``spec_augment``.
     Checkpoints: ``keep_checkpoints``, the epoch checkpoints kept (the last N, with the
-    learners' optimizer states; the best epoch's model by dev loss and ``final.pt`` are kept
-    besides; 0: every epoch).
+    learners' optimizer states; the models of the ``keep_best`` epochs of the lowest dev loss
+    and ``final.pt`` are kept besides, for ``decode.checkpoint`` best or average; 0: every
+    epoch). ``early_stop_patience``: stop after this many epochs in a row without a new lowest
+    dev loss (0: train every epoch).
     Data: CTC batches of ``batch_frames`` padded frames per learner, utterances of at most
     ``max_utt_frames``; frame CE (hybrid) batches of ``batch_chunks`` chunks of ``chunk`` frames,
     shuffled in blocks of ``block_utts`` utterances; ``chunk_data``: ``resident`` (the features
@@ -211,6 +213,8 @@ class TrainerConfig:
     anneal_factor: float = _opt(0.7071, _float(0.0, 1.0, low_open=True))
     log_every: int = _opt(20, _int(1))
     keep_checkpoints: int = _opt(2, _int(0))
+    keep_best: int = _opt(5, _int(1))
+    early_stop_patience: int = _opt(0, _int(0))
     spec_augment: SpecAugment | None = _opt(None, _spec_augment)
     chunk: int = _opt(21, _int(1))
     batch_chunks: int = _opt(128, _int(1))

@@ -28,7 +28,8 @@ log = logging.getLogger("asrtrain")
 #: Trainer settings that only say how a run is launched or logged, or which checkpoints it
 #: keeps: they never change the model.
 LAUNCH_ONLY = ("log_every", "threads", "timeout_s", "nnodes", "node_rank", "rdzv_endpoint",
-               "gossip_idle_s", "gossip_backend", "cpu", "keep_checkpoints", "chunk_data")
+               "gossip_idle_s", "gossip_backend", "cpu", "keep_checkpoints", "keep_best",
+               "chunk_data")
 #: What a learner's error says of a full disk (``asrtrain.pipeline.describe_os_error``).
 NO_SPACE = "no space left on the device of "
 #: Trainer settings a run may change and still continue from its checkpoints.

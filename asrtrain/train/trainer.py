@@ -10,7 +10,12 @@ claims the units of the epoch's one order from a shared counter (``backend.claim
 learner takes more of it. At the end of each epoch, where the learners meet, the consensus model
 (the average of the learners, after in-flight exchanges drained) and the learners' distance to it
 are computed, the model is evaluated on the dev set by all learners together and checkpointed by
-learner 0, which then deletes the checkpoints ``trainer.keep_checkpoints`` no longer keeps.
+learner 0, which records the epoch's summary in ``epochs.json`` (every epoch's dev loss: what
+``decode.checkpoint`` chooses by, :mod:`asrtrain.models.average`) and then deletes the checkpoints
+``trainer.keep_checkpoints`` and ``trainer.keep_best`` no longer keep. With
+``trainer.early_stop_patience`` N > 0, training ends after N epochs in a row without a new lowest
+dev loss (every learner has the dev loss of every epoch, so all stop together, whatever the
+backend); ``final.pt`` is then the last epoch trained.
 Learner 0 also writes the training curves (:mod:`asrtrain.train.curves`: TensorBoard events in
 the model dir, and ``curves.png`` at the end). Every ``log_every`` steps the lockstep backends
 average the loss and rates over learners (an allreduce, where they meet anyway); the others keep
@@ -45,6 +50,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import Backend
 from asrtrain.models import build_model
+from asrtrain.models.average import read_record, write_record
 from asrtrain.models.precision import autocast, check_precision
 from asrtrain.train import checkpoint
 from asrtrain.train.config import SpecAugment, TrainerConfig
@@ -96,7 +102,8 @@ class _Run:
     out_dir: Path
     curves: Curves | None = None        # learner 0's event writer (every learner's: own)
     gossip: _GossipMeter | None = None  # this writer's gossip exchanges (adpsgd, hadpsgd)
-    dev_losses: dict[int, float] = field(default_factory=dict)  # learner 0: per epoch kept
+    dev_losses: dict[int, float] = field(default_factory=dict)  # per epoch (every learner)
+    record: dict[int, dict] = field(default_factory=dict)  # learner 0: each epoch's summary
     started: float = field(default_factory=time.monotonic)  # this process's training start
 
 
@@ -172,23 +179,44 @@ def train(cfg: DictConfig, backend: Backend) -> Path:
     if run.curves is not None:
         run.gossip = _GossipMeter.of(backend, step)
     run.started = time.monotonic()
+    last = start_epoch
     try:
         for epoch in range(start_epoch + 1, tcfg.epochs + 1):
+            if _early_stop(run, epoch - 1):
+                break
             figures = _train_epoch(run, epoch, step, per_epoch, schedule)
             step += figures.steps
             _end_epoch(run, epoch, step, figures)
+            last = epoch
     finally:
         if run.curves is not None:
             run.curves.close()
     if backend.is_main:
-        _write_final(run)
+        _write_final(run, last)
     return run.out_dir / "final.pt"
 
 
-def _write_final(run: _Run) -> None:
+def _early_stop(run: _Run, epoch: int) -> bool:
+    """Whether training ends after ``epoch``: ``trainer.early_stop_patience`` epochs in a row
+    without a new lowest dev loss (collective: every learner holds the same dev losses, and
+    they agree on the answer all the same)."""
+    patience = run.tcfg.early_stop_patience
+    if patience <= 0 or epoch < 1 or not run.dev_losses:
+        return False
+    best = min(run.dev_losses, key=lambda e: (run.dev_losses[e], e))
+    stop = epoch - best >= patience
+    stop = run.backend.agree_min(int(stop)) == 1
+    if stop and run.backend.is_main:
+        log.info("early stop after epoch %d of %d: the dev loss was lowest at epoch %d (%.4g), "
+                 "%d epochs ago (trainer.early_stop_patience=%d)", epoch, run.tcfg.epochs, best,
+                 run.dev_losses[best], epoch - best, patience)
+    return stop
+
+
+def _write_final(run: _Run, last: int) -> None:
     """``final.pt`` (the last epoch's model, checked as it is read) and ``curves.png``."""
     final = run.out_dir / "final.pt"
-    checkpoint.save(checkpoint.load(checkpoint.model_path(run.out_dir, run.tcfg.epochs)), final)
+    checkpoint.save(checkpoint.load(checkpoint.model_path(run.out_dir, last)), final)
     png = plot_curves(run.out_dir, run.out_dir / "curves.png",
                       f"{run.cfg.model.name}: {run.backend.name}, "
                       f"{run.backend.world_size} learner(s)")
@@ -218,8 +246,11 @@ def _resume(run: _Run) -> tuple[int, int]:
     if run.backend.is_main:
         log.info("resuming after epoch %d from %s", start_epoch,
                  checkpoint.model_path(run.out_dir, start_epoch))
-        if run.tcfg.keep_checkpoints:  # which kept one is the best
-            run.dev_losses = checkpoint.dev_losses(run.out_dir, start_epoch)
+        run.record = {e: s for e, s in read_record(run.out_dir).items() if e <= start_epoch}
+    # every learner reads the same files: which kept ones are the best, when to stop early
+    run.dev_losses = {e: float(s["dev_loss"]) for e, s in read_record(run.out_dir).items()
+                      if e <= start_epoch and "dev_loss" in s}
+    run.dev_losses.update(checkpoint.dev_losses(run.out_dir, start_epoch))
     return start_epoch, int(ckpt.global_samples or 0)
 
 
@@ -376,19 +407,25 @@ def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
         ckpt.save(checkpoint.model_path(run.out_dir, epoch))
         log.info("epoch %d: %s", epoch, ", ".join(
             f"{k} {v:.4g}" for k, v in summary.items() if k != "epoch"))
-        _keep_checkpoints(run, epoch, summary["dev_loss"])
+        run.record[epoch] = summary
+        write_record(run.out_dir, run.record)
+    run.dev_losses[epoch] = summary["dev_loss"]
+    if backend.is_main:
+        _keep_checkpoints(run, epoch)
         _epoch_curves(run, step, summary)
 
 
-def _keep_checkpoints(run: _Run, epoch: int, dev_loss: float) -> None:
-    """Delete the checkpoints ``trainer.keep_checkpoints`` no longer keeps (learner 0)."""
-    run.dev_losses[epoch] = dev_loss
-    best = min(run.dev_losses, key=lambda e: (run.dev_losses[e], e))
+def _keep_checkpoints(run: _Run, epoch: int) -> None:
+    """Delete the checkpoints ``trainer.keep_checkpoints`` and ``trainer.keep_best`` no longer
+    keep (learner 0): the models of the ``keep_best`` epochs of the lowest dev loss stay, for
+    ``decode.checkpoint`` best or average."""
+    ranked = sorted(run.dev_losses, key=lambda e: (run.dev_losses[e], -e))
+    best = ranked[:max(run.tcfg.keep_best, 1)]
     removed = checkpoint.prune(run.out_dir, run.tcfg.keep_checkpoints, epoch, best)
     if removed:
         log.info("removed %d checkpoint file(s) of epochs before %d (kept: the last %d epochs, "
-                 "the best by dev loss, epoch %d)", len(removed), epoch, run.tcfg.keep_checkpoints,
-                 best)
+                 "the models of the %d best by dev loss: epochs %s)", len(removed), epoch,
+                 run.tcfg.keep_checkpoints, len(best), ", ".join(map(str, sorted(best))))
 
 
 def _epoch_curves(run: _Run, step: int, summary: dict[str, float]) -> None:

@@ -11,7 +11,9 @@ extra_questions.txt), copied, or as a plain ``WORD PHONE ...`` lexicon or ``cmud
 a dict dir (``asrtrain.lang.lexicon.make_dict_dir``). Words of the training text missing from it
 are counted and named, then mapped to ``<unk>`` as Kaldi does (``corpus.oov=unk``) or refused
 (``corpus.oov=error``). With no dev set among the sets, one is split off the training set by
-speaker (``corpus.dev_percent``, as Kaldi's ``utils/subset_data_dir_tr_cv.sh``).
+speaker (``corpus.dev_percent``, as Kaldi's ``utils/subset_data_dir_tr_cv.sh``; a dev speaker who
+also speaks in a test set is warned of), or by utterance (``corpus.dev_split=utterance``, for a
+corpus whose test speakers are its training speakers).
 
 ``prepare_user_corpus`` does all of that for the prepare stage; ``check_user_sets`` is its part
 that needs only the config, run before any stage starts.
@@ -174,6 +176,7 @@ def check_user_sets(corpus: Mapping[str, Any], train: str, dev: str,
             0 <= percent <= 50):
         raise AsrtrainError(f"corpus.dev_percent={percent!r}: expected a share of the training "
                             "speakers from 0 to 50")
+    dev_split_of(corpus)
     if dev not in sets and not percent:
         raise AsrtrainError(
             f"corpus.sets has no dev set {dev!r} (sets.dev); {have}. The dev set is the CTC and "
@@ -190,15 +193,40 @@ def check_user_sets(corpus: Mapping[str, Any], train: str, dev: str,
         raise AsrtrainError("corpus.lexicon and corpus.dict_dir are both given: give one")
 
 
-def split_dev(data: DataDir, percent: float, name: str, dev: str,
-              seed: int = 777) -> tuple[DataDir, DataDir]:
-    """Hold out ``percent`` of the speakers of ``data`` (at least one; chosen by a seeded
-    shuffle) as the dev set, as Kaldi's ``utils/subset_data_dir_tr_cv.sh --cv-spk-percent``
-    does: no speaker is in both, so the dev loss is a held-out figure."""
+#: How ``corpus.dev_split`` splits a dev set off the training set.
+DEV_SPLITS = ("speaker", "utterance")
+
+
+def dev_split_of(corpus: Mapping[str, Any]) -> str:
+    """``corpus.dev_split`` (default ``speaker``), checked."""
+    by = corpus.get("dev_split", "speaker")
+    if by not in DEV_SPLITS:
+        raise AsrtrainError(f"corpus.dev_split={by!r}: expected speaker (held-out speakers, "
+                            "Kaldi's subset_data_dir_tr_cv.sh) or utterance (held-out "
+                            "utterances of the training speakers)")
+    return str(by)
+
+
+def split_dev(data: DataDir, percent: float, name: str, dev: str, seed: int = 777,
+              by: str = "speaker", tests: Mapping[str, DataDir] | None = None
+              ) -> tuple[DataDir, DataDir]:
+    """Hold out ``percent`` of the training set ``data`` (at least one; chosen by a seeded
+    shuffle) as the dev set. ``by="speaker"`` (``corpus.dev_split``): whole speakers, as Kaldi's
+    ``utils/subset_data_dir_tr_cv.sh --cv-spk-percent`` does: no speaker is in both, so the dev
+    loss is a figure for unseen speakers. ``by="utterance"``: utterances of every speaker, for a
+    corpus whose test speakers are its training speakers (a closed set of speakers), where
+    taking a speaker out of training would make it an unseen speaker of the test set.
+
+    The log names the dev speakers; a warning names each dev speaker held out of training who
+    also speaks in one of the ``tests`` (the test sets, by name)."""
+    by = dev_split_of({"dev_split": by})
+    if by == "utterance":
+        return _split_dev_utterances(data, percent, name, dev, seed)
     speakers = list(data.spk2utt)
     if len(speakers) < 2:
         raise AsrtrainError(f"{data.source}: the training set has one speaker, so no dev set "
-                            f"can be split off it by speaker; add '{dev}: DIR' to corpus.sets")
+                            f"can be split off it by speaker; add '{dev}: DIR' to corpus.sets, "
+                            "or set corpus.dev_split=utterance")
     count = min(len(speakers) - 1, max(1, int(len(speakers) * percent / 100)))
     held = sorted(random.Random(seed).sample(speakers, count))
     dev_utts = [u for s in held for u in data.spk2utt[s]]
@@ -208,6 +236,48 @@ def split_dev(data: DataDir, percent: float, name: str, dev: str,
              "%s keeps %d utterances; dev speakers: %s%s", dev, count, len(speakers), name,
              percent, len(dev_utts), name, len(rest.utt2spk), ", ".join(held[:SHOWN]),
              " ..." if count > SHOWN else "")
+    for test, test_data in (tests or {}).items():
+        overlap = sorted(set(held) & set(test_data.spk2utt))
+        if overlap:
+            n = sum(len(test_data.spk2utt[s]) for s in overlap)
+            log.warning(
+                "dev speaker(s) %s%s also speak in test set %r (%d of its %d utterances): they "
+                "are held out of training, so the test set scores them as unseen speakers and "
+                "every setting chosen on the dev set is chosen on test speakers. If your test "
+                "speakers are your training speakers, set corpus.dev_split=utterance (or give "
+                "a dev set in corpus.sets)", ", ".join(overlap[:SHOWN]),
+                " ..." if len(overlap) > SHOWN else "", test, n, len(test_data.utts))
+    return rest, data.subset(dev_utts)
+
+
+def _split_dev_utterances(data: DataDir, percent: float, name: str, dev: str,
+                          seed: int) -> tuple[DataDir, DataDir]:
+    """``split_dev`` by utterance: ``percent`` of the utterances, every speaker keeping some in
+    training where it has more than one."""
+    utts = sorted(data.utts)
+    if len(utts) < 2:
+        raise AsrtrainError(f"{data.source}: the training set has one utterance, so no dev set "
+                            f"can be split off it; add '{dev}: DIR' to corpus.sets")
+    count = min(len(utts) - 1, max(1, int(len(utts) * percent / 100)))
+    rng = random.Random(seed)
+    held: set[str] = set()
+    for u in rng.sample(utts, len(utts)):   # a seeded order; a speaker keeps one at least
+        if len(held) == count:
+            break
+        spk = data.utt2spk[u]
+        if sum(1 for v in data.spk2utt[spk] if v not in held) > 1:
+            held.add(u)
+    if not held:
+        held = set(rng.sample(utts, count))
+    dev_utts = [u for u in data.utts if u in held]
+    rest = data.subset(set(data.utts) - held)
+    speakers = sorted({data.utt2spk[u] for u in dev_utts})
+    log.info("no dev set %r in corpus.sets: %d of %d utterances of %s (corpus.dev_percent=%g, "
+             "corpus.dev_split=utterance) are the dev set, from %d of its %d speakers, who all "
+             "keep utterances in training (the dev loss is a figure for seen speakers); %s "
+             "keeps %d utterances; dev speakers: %s%s", dev, len(dev_utts), len(utts), name,
+             percent, len(speakers), len(data.spk2utt), name, len(rest.utt2spk),
+             ", ".join(speakers[:SHOWN]), " ..." if len(speakers) > SHOWN else "")
     return rest, data.subset(dev_utts)
 
 
@@ -271,8 +341,9 @@ def prepare_user_corpus(corpus: Mapping[str, Any], train: str, dev: str,
     user = prepare_datadir(_sets_given(corpus), sample_rate=int(corpus["sample_rate"]),
                            resample=bool(corpus.get("resample", True)))
     if dev not in user.sets:
-        user.sets[train], user.sets[dev] = split_dev(user.sets[train],
-                                                     float(corpus["dev_percent"]), train, dev)
+        user.sets[train], user.sets[dev] = split_dev(
+            user.sets[train], float(corpus["dev_percent"]), train, dev,
+            by=dev_split_of(corpus), tests={t: user.sets[t] for t in tests if t in user.sets})
     return user
 
 
