@@ -44,6 +44,9 @@ SMALL = ["nj=2", "model.layers=1", "model.cells=48", "model.bottleneck=32",
          "hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
          "hybrid.trainer.epochs=2", "hybrid.trainer.batch_chunks=32"]
 BACKENDS = {"ssgd": [], "adpsgd": [], "hadpsgd": []}   # hadpsgd: per_node = each agent's 2
+#: The same learners in one agent: hadpsgd's nodes are then made by per_node (else one node of 4,
+#: which is SSGD)
+ONE_AGENT = {"ssgd": [], "adpsgd": [], "hadpsgd": ["trainer.per_node=2"]}
 #: adpsgd/hadpsgd: the relative difference of the dev loss allowed between two runs of the same
 #: learners (gossip timing makes every run differ; measured here: see test_multinode's report)
 SPREAD = 0.15
@@ -196,6 +199,7 @@ def _compare(two: dict, one: dict, backend: str, loss: str) -> None:
     for epoch_metrics in (two["metrics"], one["metrics"]):
         assert epoch_metrics["global_samples"] > 0
     a, b = two["metrics"][loss], one["metrics"][loss]
+    print(f"{backend} {loss}: two agents {a:.4f}, one agent {b:.4f}")  # pytest -s shows them
     if backend == "ssgd":  # synchronous: the same steps on the same shards, to the bit
         assert a == b, (a, b)
         for key, value in one["model"].items():
@@ -232,7 +236,7 @@ def test_ctc_on_two_nodes_is_the_same_learners_in_one(nodes: Nodes, exp: Path,
         assert "2 nodes" in log or "nodes of 2" in log or "per node 2" in log, log[-2000:]
     ref = f"{name}_one"
     _one_agent(exp, "--stage", "train", "--to", "train", f"trainer.backend={backend}",
-               f"model.name={ref}", *BACKENDS[backend])
+               f"model.name={ref}", *ONE_AGENT[backend])
     _compare(two, _checkpoint(exp / "train" / ref), backend, "dev_loss")
     # only node 0 writes records and checkpoints; node 1 held a lock of its own
     assert (exp / ".node1.lock").is_file()
@@ -264,7 +268,7 @@ def test_hybrid_on_two_nodes_is_the_same_learners_in_one(nodes: Nodes, aligned: 
     _all_learners_trained(exp / "train" / name, two, backend)
     ref = f"{name}_one"
     _one_agent(exp, "--stage", "train_hybrid", "--to", "train_hybrid",
-               f"trainer.backend={backend}", f"hybrid.model.name={ref}", *BACKENDS[backend])
+               f"trainer.backend={backend}", f"hybrid.model.name={ref}", *ONE_AGENT[backend])
     _compare(two, _checkpoint(exp / "train" / ref), backend, "dev_loss")
 
 
@@ -297,3 +301,40 @@ def test_a_killed_node_ends_the_other_with_its_name(nodes: Nodes, exp: Path,
     if nodes.netns:
         assert f"node{killed}-" in errors[0] or killed == 0, errors[0]  # its hostname
     assert not (exp / "train" / name / "final.pt").exists()
+
+
+def test_the_node_of_a_run_is_its_training_stages_node_rank() -> None:
+    from omegaconf import OmegaConf
+
+    from asrtrain import AsrtrainError
+    from asrtrain.distributed.nodes import node_rank
+
+    multi = {"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "node0:29500"}
+    cfg = OmegaConf.create({"stages": ["train", "train_hybrid"], "trainer": multi,
+                            "hybrid": {"trainer": {"epochs": 3}}})
+    assert node_rank(cfg) == 1
+    cfg.hybrid.trainer.node_rank = 0   # one machine, two nodes: refused
+    with pytest.raises(AsrtrainError, match="train: node_rank 1, train_hybrid: node_rank 0"):
+        node_rank(cfg)
+    cfg.trainer.nnodes = 1             # one node: node 0 whatever node_rank says elsewhere
+    cfg.trainer.node_rank = 0
+    assert node_rank(cfg) == 0
+    bad = OmegaConf.create({"stages": ["train"], "trainer": {**multi, "lr": "nan"}})
+    with pytest.raises(AsrtrainError, match="trainer.lr"):  # never run node 1 as node 0
+        node_rank(bad)
+
+
+def test_node_k_dry_run_says_what_it_would_do_and_touches_nothing(tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                           f"exp_dir={exp}", STAGES, *SMALL, "trainer.nnodes=2",
+                           "trainer.node_rank=1", "trainer.rdzv_endpoint=node0:29500",
+                           "trainer.learners=2", "--dry-run"], cwd=REPO, capture_output=True,
+                          text=True, timeout=HANG_GUARD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+    assert lines["prepare"] == "node 0's"
+    assert lines["train"].startswith("node 1 of 2: starts this node's 2 learners once node 0 "
+                                     "has features, lang")
+    assert lines["train_hybrid"].startswith("node 1 of 2:")
+    assert not exp.exists()  # no lock, no record, nothing

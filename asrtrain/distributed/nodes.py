@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
 
@@ -54,8 +54,13 @@ def node_rank(cfg: DictConfig) -> int:
     (0 when none does). Stages that disagree are an error: a node is one machine."""
     ranks = {}
     for name in TRAIN_STAGES:
-        if name in [str(s) for s in cfg.stages]:
-            t = stage_trainer(name, cfg)
+        if name in [str(s) for s in cfg.get("stages") or ()]:
+            try:
+                t = stage_trainer(name, cfg)
+            except AsrtrainError:
+                if OmegaConf.select(cfg, "trainer.node_rank", default=0) in (0, None):
+                    continue  # node 0: the pipeline's checks name the bad setting, when (and
+                raise         # only when) the stage is to run; never run node k as node 0
             if t.nnodes > 1:
                 ranks[name] = t.node_rank
     if len(set(ranks.values())) > 1:
