@@ -483,6 +483,7 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     pipeline.check(todo)  # a dry run too: a plan the real run would refuse is no plan
     if dry_run:
         print(describe_plan(decisions), flush=True)
+        _rescore(cfg, pipeline.paths.exp, dry_run=True)
         return [d.stage for d in todo]
     paths = pipeline.paths
     ran: list[str] = []
@@ -537,14 +538,22 @@ def _use_scoring(cfg: DictConfig) -> None:
     set_scoring_options(**(_scoring(cfg) or {}))
 
 
-def _rescore(cfg: DictConfig, exp: Path) -> None:
+def _rescore(cfg: DictConfig, exp: Path, dry_run: bool = False) -> None:
     """RESULTS.md never mixes scorings: rows scored with other ``score.*`` options than the
     recipe's now (their stage did not rerun) are scored again (``asrtrain.score.rescore``)."""
-    from asrtrain.score.rescore import rescore_stale
+    from asrtrain.score.rescore import rescore_stale, stale
 
     options = _scoring(cfg)
-    if options is not None and (exp / "decode").is_dir():
-        rescore_stale(exp, options)
+    if options is None or not (exp / "decode").is_dir():
+        return
+    if dry_run:
+        rows = stale(exp, options)
+        if rows:
+            log.info("%d scored decode dir(s) hold other score.* options than %s (%s): the run "
+                     "rescores them", len(rows), options, ", ".join(
+                         f"{d.parent.name}/{d.name}" for d, _ in rows))
+        return
+    rescore_stale(exp, options)
 
 
 def describe_os_error(error: OSError, where: Path) -> str:

@@ -146,3 +146,48 @@ def test_a_kaldi_import_is_known_by_content(tmp_path: Path) -> None:
             "align", {"digest": "", "config": before.values["align"],
                       "inputs": before.inputs["align"], "files": before.files["align"]}))
         before = after
+
+
+# ---------------------------------------------------------------- one scoring for every row
+def test_rows_scored_with_other_options_are_rescored(tmp_path: Path) -> None:
+    """A decode dir scored with score.kaldi_filter=true is stale once the recipe says false:
+    rescore_stale scores it again (counts, result.json, wer, RESULTS.md); a plain-WER row has no
+    options and is never stale."""
+    import json
+    from dataclasses import asdict
+
+    from asrtrain.report import Result
+    from asrtrain.score import counts_json, score_decode
+    from asrtrain.score.rescore import rescore_stale, stale
+
+    exp = tmp_path / "exp"
+    hub5, plain = exp / "data" / "eval", exp / "data" / "dev"
+    hub5.mkdir(parents=True)
+    plain.mkdir(parents=True)
+    (hub5 / "stm").write_text(';; LABEL "O" "Overall" "Overall"\n'
+                              "sw_1 A s1 0.00 2.00 <O> a b\n")
+    (plain / "text").write_text("u1 a b\n")
+    rows = {}
+    for system, data in (("hyb", hub5), ("ctc", plain)):
+        dec = exp / "decode" / system / data.name
+        dec.mkdir(parents=True)
+        (dec / "ctm").write_text("sw_1 A 0.10 0.20 a\nsw_1 A 0.50 0.20 [noise]\n"
+                                 "sw_1 A 1.00 0.20 b\n")
+        (dec / "text").write_text("u1 a b b\n")
+        counts = score_decode(data, dec, kaldi_filter=True)
+        result = Result(system, "hybrid", data.name, "hub5", counts_json(counts), {}, None,
+                        "decode_hybrid", None, None)
+        (dec / "score" / "result.json").write_text(json.dumps(asdict(result)))
+        rows[system] = dec
+    assert json.loads((rows["hyb"] / "score" / "result.json").read_text())["wer"]["all"][
+        "ins"] == 0   # the filter drops [noise]
+    unfiltered = {"kaldi_filter": False, "backend": "python"}
+    assert [d for d, _ in stale(exp, unfiltered)] == [rows["hyb"]]
+    assert rescore_stale(exp, unfiltered) == [rows["hyb"]]
+    result = json.loads((rows["hyb"] / "score" / "result.json").read_text())
+    assert result["wer"]["all"]["ins"] == 1 and result["system"] == "hyb"
+    assert "[ 1 / 2, 1 ins, 0 del, 0 sub ] hyb" in (rows["hyb"] / "score" / "wer").read_text()
+    assert "| hyb |" in (exp / "RESULTS.md").read_text()
+    assert json.loads((rows["hyb"] / "score" / "scoring.json").read_text()) == {
+        "rules": "hub5", **unfiltered}
+    assert rescore_stale(exp, unfiltered) == [] and stale(exp, unfiltered) == []
