@@ -216,6 +216,24 @@ def test_early_stop_ends_after_patience_epochs_without_a_new_best(overfit: Path,
     assert make_cfg(overfit, tmp_path).trainer.early_stop_patience == 0
 
 
+def test_early_stop_with_learners_that_do_not_keep_in_step(overfit: Path, tmp_path: Path
+                                                           ) -> None:
+    """adpsgd's learners meet only at an epoch's end: all of them stop after the same epoch
+    (a learner left training would wait for the others until trainer.timeout_s)."""
+    from asrtrain.train.run import train_model
+
+    out = tmp_path / "model"
+    (overfit / "log").mkdir(exist_ok=True)   # the stage's log dir, which the learners append to
+    cfg = make_cfg(overfit, tmp_path, **{"trainer.early_stop_patience": 2,
+                                         "trainer.learners": 2, "trainer.backend": "adpsgd",
+                                         "trainer.timeout_s": 120})
+    assert train_model(cfg, out, overfit, "key", True) == out / "final.pt"
+    losses = {e: s["dev_loss"] for e, s in read_record(out).items()}
+    best = min(losses, key=losses.get)
+    assert max(losses) == best + 2 < 12, losses
+    assert load(out / "final.pt")["epoch"] == best + 2
+
+
 # ---------------------------------------------------------------------------- through the CLI
 def test_decode_checkpoint_through_the_cli(tmp_path_factory) -> None:
     exp = tmp_path_factory.mktemp("tiny") / "exp"
