@@ -24,6 +24,8 @@ import pytest
 import soundfile
 from conftest import write_datadir
 
+from asrtrain.relocate import relocate
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "data" / "tiny"
 TRANS_2001A = "LDC97S62/swb_ms98_transcriptions/20/2001/sw2001A-ms98-a-trans.text"
@@ -337,6 +339,9 @@ DATADIR_CASES.update({
 
 
 def _run_case(case: Case, good: GoodRun, exp: Path, recipe: str) -> None:
+    # ``exp`` is a copy of the good run: its scps are made to name it first, as the run would
+    # (asrtrain.relocate), so that what the bad input must leave alone is the copy's own
+    relocate(exp)
     before = snapshot(exp)
     proc = asrtrain("run", recipe, f"exp_dir={exp}", "nj=1", *case.overrides, *case.extra,
                     "--to", case.to)
