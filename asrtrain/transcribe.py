@@ -64,6 +64,17 @@ class System:
 
     @property
     def model(self) -> Path:
+        """The model the decode stage decoded (``decode.checkpoint``: the ``model`` of its
+        latest ``decode.json``), else the last epoch's, ``final.pt``."""
+        summaries = sorted(self.paths.exp.glob(f"decode/{self.name}/*/decode.json"),
+                           key=lambda p: p.stat().st_mtime)
+        for path in reversed(summaries):
+            try:
+                chosen = json.loads(path.read_text()).get("model")
+            except (ValueError, AttributeError):
+                continue
+            if chosen and Path(chosen).is_file():
+                return Path(chosen)
         return self.paths.model_dir(self.name) / "final.pt"
 
 

@@ -130,6 +130,22 @@ def test_average_n_beyond_what_the_trainer_keeps_is_refused() -> None:
     CheckpointChoice("best", 6).check_kept({"keep_best": 1}, "decode", "trainer")
 
 
+def test_transcribe_reads_the_model_the_decode_stage_decoded(tmp_path: Path) -> None:
+    from asrtrain.recipe import Paths
+    from asrtrain.transcribe import System
+
+    paths = Paths(tmp_path)
+    write_run(paths.model_dir("m"), {1: 2.0, 2: 1.0, 3: 1.5}, keep={1, 2, 3})
+    system = System("ctc", "m", paths, {})
+    assert system.model == paths.model_dir("m") / "final.pt"      # not decoded yet
+    path, info = choose_model(paths.model_dir("m"), CheckpointChoice("average", 2),
+                              tmp_path / "decode" / "m")
+    dec = paths.decode_dir("m", "eval")
+    dec.mkdir(parents=True)
+    (dec / "decode.json").write_text(json.dumps({"model": str(path), "checkpoint": info}))
+    assert system.model == path == tmp_path / "decode" / "m" / "model.pt"
+
+
 # ---------------------------------------------------------------------------- the trainer
 RECIPE = """
 defaults:
