@@ -22,6 +22,7 @@ import os
 import re
 from pathlib import Path
 
+from asrtrain import AsrtrainError
 from asrtrain.fileio import atomic_open
 
 log = logging.getLogger("asrtrain")
@@ -66,11 +67,17 @@ def inferred_location(exp: str | Path) -> Path | None:
 
 
 def record_location(exp: str | Path) -> None:
-    """Remember where the exp dir is now."""
+    """Remember where the exp dir is now (when it is not recorded already). Best effort: on a
+    file system that takes no writes it is left unrecorded, which the next run sees as a move
+    only if the exp dir is moved."""
     exp = Path(exp).resolve()
-    (exp / LOCATION).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(exp / LOCATION, "w", encoding="utf-8") as f:
-        f.write(f"{exp}\n")
+    if recorded_location(exp) == exp:
+        return
+    try:
+        with atomic_open(exp / LOCATION, "w", encoding="utf-8") as f:
+            f.write(f"{exp}\n")
+    except OSError as e:
+        log.debug("%s: cannot record the exp dir's place: %s", exp / LOCATION, e)
 
 
 def _pattern(old: Path) -> re.Pattern[bytes]:
@@ -124,12 +131,19 @@ def relocate(exp: str | Path, dry_run: bool = False) -> list[Path]:
                  "name this one when it runs", old, len(files), new)
         return files
     pattern, replacement = _pattern(old), os.fsencode(str(new))
-    for path in files:
-        data = path.read_bytes()
-        mode = path.stat().st_mode & 0o7777
-        with atomic_open(path, "wb") as f:
-            f.write(pattern.sub(lambda _: replacement, data))
-        os.chmod(path, mode)
+    try:
+        for path in files:
+            data = path.read_bytes()
+            mode = path.stat().st_mode & 0o7777
+            with atomic_open(path, "wb") as f:
+                f.write(pattern.sub(lambda _: replacement, data))
+            os.chmod(path, mode)
+    except OSError as e:
+        from asrtrain.pipeline import describe_os_error
+
+        raise AsrtrainError(f"the exp dir was moved from {old} to {new}, and its records that "
+                            f"name the old place cannot be rewritten: "
+                            f"{describe_os_error(e, new)}") from None
     record_location(exp)
     log.info("the exp dir was moved from %s to %s: %d files that named the old place now name "
              "this one (%s)", old, new, len(files),
