@@ -61,6 +61,17 @@ def test_recipe_yaml_tab_indent_names_line_and_column(tmp_path: Path) -> None:
     assert f"{recipe / 'recipe.yaml'}:4:1: YAML syntax error:" in line, line
 
 
+def test_config_group_yaml_syntax_error_is_one_line(tmp_path: Path) -> None:
+    """A group file of the recipe's own (read by Hydra, not by asrtrain) names its line too."""
+    recipe = tmp_path / "recipe"
+    (recipe / "corpus").mkdir(parents=True)
+    (recipe / "recipe.yaml").write_text("defaults:\n  - corpus: mine\n  - _self_\n")
+    (recipe / "corpus" / "mine.yaml").write_text("kind: datadir\nsets: {train: /x\n")
+    line = error_line(asrtrain("run", str(recipe), "--dry-run"))
+    assert f"{recipe / 'corpus' / 'mine.yaml'}:3:1: YAML syntax error: expected ',' or '}}'" \
+        in line and "(while parsing a flow mapping at 2:7)" in line, line
+
+
 def test_topology_of_100000_learners(tmp_path: Path) -> None:
     proc = asrtrain("topology", "--learners", "100000")
     assert proc.returncode == 0, proc.stderr[-2000:]
