@@ -232,3 +232,32 @@ def test_a_read_only_experiment_is_one_line(featured: Path, tmp_path: Path) -> N
         assert out.returncode == 1
         line = one_error_line(out.stderr)
         assert "cannot write" in line and "Read-only file system" in line
+
+
+@needs_mount
+@pytest.mark.timeout(HANG_GUARD * 3)
+def test_a_full_disk_during_training_is_one_line_keeps_the_epochs_and_resumes(
+        featured: Path, tmp_path: Path) -> None:
+    """4 learners fill the exp dir's disk with their epoch checkpoints: one line (not a
+    traceback per learner and torch's 'unexpected pos'), the epochs written stay good, and the
+    same command resumes once there is room."""
+    from asrtrain.models import checksum
+
+    with tmpfs(tmp_path / "small", 80000) as fs:
+        exp = fs / "exp"
+        shutil.copytree(featured, exp, symlinks=True)  # its tables name featured's arks
+        used = shutil.disk_usage(fs).used // 1024
+        # room for the first epoch's model and 4 optimizer states (~2.6 MB), not the second's
+        subprocess.run(["mount", "-o", f"remount,size={used + 4000}k", str(fs)], check=True)
+        out = run(exp, *LONG)
+        assert out.returncode == 1, out.stderr[-3000:]
+        line = one_error_line(out.stderr)
+        assert re.fullmatch(r"asrtrain: error: stage train: no space left on the device of "
+                            rf"{re.escape(str(exp))}/train/blstm_tiny\S*: free some, then run "
+                            r"the same command", line), line
+        no_leftovers(exp)
+        model = exp / "train" / "blstm_tiny"
+        kept = sorted(model.glob("epoch-*.pt"))
+        assert kept and all(checksum.damage(p) is None for p in kept), kept
+        subprocess.run(["mount", "-o", "remount,size=200000k", str(fs)], check=True)
+        resumes(exp)

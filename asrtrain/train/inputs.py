@@ -111,7 +111,13 @@ def check_inputs(cfg: DictConfig) -> None:
     for ali_dir in (alignments.values() if alignments else ()):
         table, _ = read_alignments(ali_dir)
         check_ark_ends(table, Path(ali_dir) / "ali.scp", "rerun the align stage (--force align)")
-    task = build_task(cfg)
+    quiet = logging.getLogger("asrtrain.train")  # what the data sets warn of, learner 0 says
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        task = build_task(cfg)
+    finally:
+        quiet.setLevel(level)
     _check_tables(task)
     try:
         with torch.device("meta"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,21 @@ def prepare_dir(out: Path, resume_key: str, fresh: bool) -> None:
     write_text(stamp, resume_key + "\n")
 
 
+def disk_full(out: Path) -> bool:
+    """Whether ``out``'s file system lacks the room of one more epoch (the files of its last,
+    or 1 MiB): why learners failed when the one that ran out of space was not the first to go
+    (the others may abort in a collective it left)."""
+    from asrtrain.train.checkpoint import EPOCH_FILE, latest_epoch
+
+    last = latest_epoch(out)
+    need = sum(p.stat().st_size for p in out.iterdir()
+               if (m := EPOCH_FILE.match(p.name)) and int(m.group(1)) == last) if last else 0
+    try:
+        return shutil.disk_usage(out).free < max(need, 1 << 20)
+    except OSError:
+        return False
+
+
 def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: bool,
                 started: Callable[[], None] | None = None) -> Path:
     """Train ``cfg.model`` with ``cfg.trainer`` into ``out``; return the final model's path.
@@ -81,7 +97,7 @@ def train_model(cfg: DictConfig, out: Path, exp: Path, resume_key: str, fresh: b
             launch([str(config_path)], learners=t.learners, nnodes=t.nnodes,
                    node_rank=t.node_rank, rdzv_endpoint=t.rdzv_endpoint, threads=t.threads)
         except AsrtrainError as e:
-            if NO_SPACE not in str(e):
+            if NO_SPACE not in str(e) and not disk_full(out):
                 raise
             # a learner's full disk (asrtrain.train.worker): the stage says it as the data
             # stages do, once, not as each learner did
