@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from asrtrain.data.datadir import write_table
+from asrtrain.data.datadir import read_utt2dur, write_table
 from asrtrain.features.reader import FeatureReader, length_batches
 from asrtrain.fileio import atomic_open
 from asrtrain.lang.bpe import Units
@@ -112,10 +112,13 @@ def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int
     out_dir.mkdir(parents=True, exist_ok=True)
     write_table(out_dir / "text", {u: " ".join(w.word for w in ws) for u, ws in hyps.items()})
     n = write_ctm(out_dir / "ctm", hyps, data)
-    audio_seconds = frames * ckpt.frame_shift
+    # the seconds measured from the samples (the features stage's utt2dur), else the frames'
+    durations = read_utt2dur(data_dir)
+    audio_seconds = (sum(durations[u] for u in hyps) if hyps.keys() <= durations.keys()
+                     else frames * ckpt.frame_shift)
     rtf = elapsed / max(audio_seconds, 1e-9)
-    log.info("%s: decoded %d utterances (%.1f min of audio) in %.1f s, real-time factor %.3f; "
-             "%d words in %s", data_dir, len(hyps), audio_seconds / 60, elapsed, rtf, n,
+    log.info("%s: decoded %d utterances (%.1f s of audio) in %.1f s, real-time factor %.3f; "
+             "%d words in %s", data_dir, len(hyps), audio_seconds, elapsed, rtf, n,
              out_dir / "ctm")
     summary = {"utterances": len(hyps), "seconds": elapsed, "rtf": rtf, "words": n,
                "model": str(model_path)}
