@@ -251,6 +251,7 @@ def test_a_full_disk_during_training_is_one_line_keeps_the_epochs_and_resumes(
         subprocess.run(["mount", "-o", f"remount,size={used + 4000}k", str(fs)], check=True)
         out = run(exp, *LONG)
         assert out.returncode == 1, out.stderr[-3000:]
+        assert "enforce fail" not in out.stderr and "terminate called" not in out.stderr
         line = one_error_line(out.stderr)
         assert re.fullmatch(r"asrtrain: error: stage train: no space left on the device of "
                             rf"{re.escape(str(exp))}/train/blstm_tiny\S*: free some, then run "

@@ -32,6 +32,7 @@ def run_learner(config_path: str | Path) -> Path:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(handler)
     backend = build_backend(tcfg)  # also sets trainer.threads CPU threads, one by default
+    leave = backend.close
     try:
         return train(cfg, backend)
     except OSError as e:
@@ -39,7 +40,10 @@ def run_learner(config_path: str | Path) -> Path:
             raise  # in the stage's own process: the stage says it (asrtrain.pipeline)
         from asrtrain.pipeline import describe_os_error
 
-        # a learner of several: one line (a full disk, a read-only dir) for the launcher to quote
+        # A learner of several: one line (a full disk, a read-only dir) for the launcher to
+        # quote; no closing collective, which the others, inside another one, would take for
+        # theirs (gloo aborts them: "Received data size doesn't match"). The launcher stops them.
+        leave = lambda: None  # noqa: E731
         raise AsrtrainError(describe_os_error(e, Path(cfg.train_dir))) from e
     finally:
-        backend.close()
+        leave()
