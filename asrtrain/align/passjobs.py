@@ -378,29 +378,37 @@ def setup_job(a: SetupJob) -> SetupResult:
         for u in batch:
             u.feats = adapt_features(u.feats, out.transforms[u.speaker])
 
+    def first_batch(batch: list[Utterance]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if a.lda is not None:
+            lda(batch)
+        if not need_features:
+            return
+        features(batch, True)
+        if a.moments:
+            for u in batch:
+                out.moments.accumulate(u.feats)
+        if a.tree:
+            yield from contexts(batch)
+
+    def contexts(batch: list[Utterance]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        ali = prev.of(batch)
+        for u in batch:
+            if u.utt in ali:
+                yield frame_contexts(ali[u.utt]), u.feats
+
+    def again_batch(batch: list[Utterance]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        features(batch, False)
+        yield from contexts(batch)
+
     def first() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for batch in a.part.batches(lang, size):
-            if a.lda is not None:
-                lda(batch)
-            if not need_features:
-                continue
-            features(batch, True)
-            if a.moments:
-                for u in batch:
-                    out.moments.accumulate(u.feats)
-            if a.tree:
-                ali = prev.of(batch)
-                for u in batch:
-                    if u.utt in ali:
-                        yield frame_contexts(ali[u.utt]), u.feats
+            yield from first_batch(batch)
+            batch = None   # not held while the next batch is read
 
     def again() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for batch in a.part.batches(lang, size):
-            features(batch, False)
-            ali = prev.of(batch)
-            for u in batch:
-                if u.utt in ali:
-                    yield frame_contexts(ali[u.utt]), u.feats
+            yield from again_batch(batch)
+            batch = None
 
     if a.tree:   # acc-tree-stats: the items twice, the second time made again from disk
         out.tree = TreeStats.accumulate(_Reiterable(first, again))
@@ -534,6 +542,8 @@ def iter_job(a: IterJob) -> IterResult:
                     out.moments.accumulate(u.feats)
             for u in aligned:
                 yield u, phone_state[u.utt], base[u.utt]
+            # not held while the next batch is read: one batch in memory, not two
+            utts = base = phone_state = aligned = u = res = None
 
     with contextlib.ExitStack() as stack:
         writers = {}
@@ -670,6 +680,7 @@ def align_fmllr_job(a: AlignFmllrJob) -> AlignFmllrResult:
             _add_alignment(second, two, time.time() - t0)
             ali_ps.write(two.phone_state)
             ali.write(two.pdf)
+            utts = one = two = cache = None   # not held while the next batch is read
     rep = reports[0] if len(reports) == 1 else merge_fmllr_reports(reports)
     return AlignFmllrResult(first, second, transforms, rep)
 
