@@ -66,6 +66,16 @@ def inferred_location(exp: str | Path) -> Path | None:
     return None
 
 
+def in_exp(exp: str | Path, path: str | Path) -> Path:
+    """``path`` as a record of the exp dir ``exp`` names it, made to point into ``exp`` where it
+    is now when it names the place the exp dir was last run at (moved since, no run yet)."""
+    path, exp = Path(path), Path(exp).resolve()
+    old = recorded_location(exp) or inferred_location(exp)
+    if old is not None and old != exp and path.is_relative_to(old):
+        return exp / path.relative_to(old)
+    return path
+
+
 def record_location(exp: str | Path) -> None:
     """Remember where the exp dir is now (when it is not recorded already). Best effort: on a
     file system that takes no writes it is left unrecorded, which the next run sees as a move
@@ -134,10 +144,13 @@ def relocate(exp: str | Path, dry_run: bool = False) -> list[Path]:
     try:
         for path in files:
             data = path.read_bytes()
-            mode = path.stat().st_mode & 0o7777
+            st = path.stat()
             with atomic_open(path, "wb") as f:
                 f.write(pattern.sub(lambda _: replacement, data))
-            os.chmod(path, mode)
+            os.chmod(path, st.st_mode & 0o7777)
+            # the same records, at their new place: their times stay (what is newest, a
+            # make-style "newer than", must not change with a move)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     except OSError as e:
         from asrtrain.pipeline import describe_os_error
 

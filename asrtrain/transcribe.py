@@ -43,6 +43,7 @@ import numpy as np
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, Segment, read_table, read_utt2dur, write_table
 from asrtrain.recipe import Paths
+from asrtrain.relocate import in_exp
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,8 @@ class System:
                 chosen = json.loads(path.read_text()).get("model")
             except (ValueError, AttributeError):
                 continue
-            if chosen and Path(chosen).is_file():
-                return Path(chosen)
+            if chosen and in_exp(self.paths.exp, chosen).is_file():   # the exp may be moved
+                return in_exp(self.paths.exp, chosen)
         return self.paths.model_dir(self.name) / "final.pt"
 
 

@@ -221,6 +221,14 @@ def test_moved_exp_dir_just_works(how: str, tmp_path: Path) -> None:
     moved = tmp_path / "exp" / "moved"
     (shutil.move if how == "move" else shutil.copytree)(base, moved)
     before = snapshot(moved)
+    scp = moved / "data" / "train" / "feats.scp"
+    mtime = scp.stat().st_mtime_ns
+    # before any run there: a path a record holds is found where the exp dir is now
+    from asrtrain.relocate import in_exp
+
+    assert in_exp(moved, base / "train" / "m" / "final.pt") == moved.resolve() / "train" / "m" \
+        / "final.pt"
+    assert in_exp(moved, tmp_path / "elsewhere") == tmp_path / "elsewhere"
 
     dry = asrtrain("run", "recipes/datadir", f"exp_dir={moved}", "nj=1", _sets(data),
                    "--to", "features", "--dry-run")
@@ -234,6 +242,7 @@ def test_moved_exp_dir_just_works(how: str, tmp_path: Path) -> None:
     moves = [x for x in stderr.splitlines() if "the exp dir was moved" in x]
     assert len(moves) == 1 and f"from {base} to {moved}" in moves[0], stderr[-2000:]
     assert _names_path(moved, base) == []
+    assert scp.stat().st_mtime_ns == mtime           # rewritten, its time kept
     assert (moved / ".done" / "location").read_text().strip() == str(moved.resolve())
     changed = {k for k in before if snapshot(moved).get(k) != before[k]}
     assert changed and all(k.endswith((".scp", "location")) for k in changed), changed

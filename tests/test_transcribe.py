@@ -238,12 +238,13 @@ def test_clear_one_line_errors(exp: Path, cut: Path, tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr and not proc.stdout
 
 
-def test_one_audio_duration_everywhere(exp: Path, cut: Path) -> None:
+@pytest.mark.parametrize("kind", ["hybrid", "ctc"])
+def test_one_audio_duration_everywhere(exp: Path, cut: Path, kind: str) -> None:
     """Issue 26: every line that states the audio's duration states the one measured from its
     samples (the files' lengths, here all of a whole file)."""
     files = sorted((cut / "8k").glob("*.wav"))[:3]
     seconds = sum(soundfile.info(str(f)).frames / 8000 for f in files)
-    proc = transcribe("--exp", exp, "--system", "hybrid", *files)
+    proc = transcribe("--exp", exp, "--system", kind, *files)
     ok(proc)
     stated = [float(x) for x in re.findall(r"([\d.]+) s of audio", proc.stderr)]
     assert len(stated) == 3, proc.stderr[-3000:]    # read, features, decoded
