@@ -41,7 +41,7 @@ from kaldifst.lib._kaldifst import _ArcIteratorLattice
 from tqdm import tqdm
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir
+from asrtrain.data.datadir import DataDir, read_utt2dur
 from asrtrain.decode import (
     AUDIO_PER_JOB_S,
     HybridDecodeConfig,
@@ -477,8 +477,12 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
                  wip, how, ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()))
     else:
         log.info("decode %s: %s (lmwt %d, wip %.1f)", out_dir, how, lmwt, wip)
-    log.info("decode %s: %.0f s of audio; real-time factor %.3f (network %.3f, search %.3f), "
-             "per core %s, wall %s with %d jobs", out_dir, stats["audio_seconds"],
+    # the seconds measured from the samples (utt2dur, the features stage's), else the frames'
+    durations = read_utt2dur(data_dir)
+    seconds = (sum(durations[u] for u in data.utts) if set(data.utts) <= durations.keys()
+               else stats["audio_seconds"])
+    log.info("decode %s: %.1f s of audio; real-time factor %.3f (network %.3f, search %.3f), "
+             "per core %s, wall %s with %d jobs", out_dir, seconds,
              stats["real_time_factor"], stats["nn_real_time_factor"],
              stats["search_real_time_factor"], stats.get("real_time_factor_per_core", "-"),
              stats.get("wall_real_time_factor", "-"), stats.get("jobs", 1))
