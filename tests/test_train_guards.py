@@ -232,3 +232,44 @@ def test_a_truncated_gmm_model_is_one_line_naming_it(exp: Path) -> None:
     assert out.returncode == 1, out.stderr[-3000:]
     line = one_error_line(out.stderr)
     assert line.startswith(f"asrtrain: error: {mdl}: not a whole GMM model"), line
+
+
+def test_the_last_entry_of_every_ark_is_read(tmp_path: Path) -> None:
+    """``check_ark_ends``: an ark cut in its last matrix, or before its last entry, or gone, is
+    one error naming the table, the entry and the ark's size; a whole one passes."""
+    import kaldiio
+    import numpy as np
+
+    from asrtrain.train.inputs import check_ark_ends
+
+    ark, scp = tmp_path / "feats.ark", tmp_path / "feats.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as w:
+        for i in range(3):
+            w(f"utt{i}", np.full((50, 40), i, dtype=np.float32))
+    table = dict(line.split(maxsplit=1) for line in scp.read_text().splitlines())
+    check_ark_ends(table, scp, "rerun it")
+    last = int(table["utt2"].rsplit(":", 1)[1])
+    os.truncate(ark, last + 100)
+    with pytest.raises(AsrtrainError, match=rf"^{re.escape(str(scp))}: utt2: cannot read "
+                       rf"{re.escape(str(ark))}:{last}: the ark ends at byte {last + 100}; "
+                       r"cut short or rewritten\? .*; rerun it$"):
+        check_ark_ends(table, scp, "rerun it")
+    os.truncate(ark, last - 10)
+    with pytest.raises(AsrtrainError, match=rf"the ark ends at byte {last - 10}, before the "
+                                            "entry; rerun it$"):
+        check_ark_ends(table, scp, "rerun it")
+    ark.unlink()
+    with pytest.raises(AsrtrainError, match=r": utt2: cannot read .*feats\.ark: No such file"):
+        check_ark_ends(table, scp, "rerun it")
+
+
+def test_a_non_finite_number_anywhere_in_a_section_is_named() -> None:
+    from omegaconf import OmegaConf
+
+    from asrtrain.train.inputs import check_finite
+
+    check_finite(OmegaConf.create({"layers": 1, "dropout": 0.1, "name": "x"}), "model")
+    with pytest.raises(AsrtrainError, match=r"^model\.dropout=nan: expected a finite number$"):
+        check_finite(OmegaConf.create({"dropout": math.nan}), "model")
+    with pytest.raises(AsrtrainError, match=r"^hybrid\.model\.sizes\[1\]=inf: expected"):
+        check_finite({"sizes": [1.0, math.inf]}, "hybrid.model")
