@@ -277,6 +277,22 @@ def test_a_user_file_enters_the_digest_by_content(tmp_path: Path, capsys) -> Non
     assert f"runs: removed: {src}" in capsys.readouterr().out
 
 
+def test_a_part_unchanged_outside_the_range_is_no_stale_input(tmp_path: Path) -> None:
+    log: list = []
+    (tmp_path / "in.txt").write_text("hello\n")
+    run_recipe(_cfg(tmp_path, a={"x": 1, "p": 1}), _part_stages(log, tmp_path))
+    # a is out of date (a.x) and left out, but b reads only its part p, which a.x leaves alone
+    cfg = _cfg(tmp_path, a={"x": 2, "p": 1}, b={"y": 7})
+    assert run_recipe(cfg, _part_stages(log, tmp_path), start="b", stop="c") == ["b", "c"]
+    # d reads all of a: refused
+    with pytest.raises(AsrtrainError, match="stage d reads a, which is not up to date"):
+        run_recipe(cfg, _part_stages(log, tmp_path), start="b")
+    # and the part changed: b is refused too
+    with pytest.raises(AsrtrainError, match="stage b reads a, which is not up to date"):
+        run_recipe(_cfg(tmp_path, a={"x": 2, "p": 2}, b={"y": 8}), _part_stages(log, tmp_path),
+                   start="b", stop="c")
+
+
 def test_a_stage_reading_an_unknown_part_is_refused(tmp_path: Path) -> None:
     stages = _stages([])
     stages["b"] = Stage("b", stages["b"].run, ("a:q",), ("b",), "the b stage")
