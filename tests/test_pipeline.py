@@ -275,6 +275,16 @@ def test_a_user_file_enters_the_digest_by_content(tmp_path: Path, capsys) -> Non
     capsys.readouterr()
     run_recipe(cfg, _part_stages(log, tmp_path), dry_run=True)
     assert f"runs: removed: {src}" in capsys.readouterr().out
+    # many files changed at once: three named, the rest counted
+    many = [tmp_path / f"t{i}" for i in range(5)]
+    stages = _part_stages(log, tmp_path)
+    stages["a"] = Stage("a", stages["a"].run, (), ("a",), "the a stage",
+                        files=lambda cfg: many, parts={"p": ("a.p",)})
+    capsys.readouterr()
+    run_recipe(cfg, stages, dry_run=True)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("a "))
+    assert f"no longer read: {src}; new input: {many[0]}; new input: {many[1]}; and 3 more " \
+        "input files" in line, line
 
 
 def test_a_part_unchanged_outside_the_range_is_no_stale_input(tmp_path: Path) -> None:
