@@ -298,7 +298,9 @@ def test_a_killed_node_ends_the_other_with_its_name(nodes: Nodes, exp: Path,
     assert survivor.returncode == 1, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("asrtrain: error:")]
     assert len(errors) == 1, out[-3000:]
-    assert f"node {killed} " in errors[0] and "lost" in errors[0], errors[0]
+    print(errors[0])  # pytest -s shows it
+    assert errors[0].startswith(f"asrtrain: error: node {killed} "), errors[0]
+    assert "is lost: learner rank" in errors[0], errors[0]  # then the learners' own words
     if nodes.netns:
         assert f"node{killed}-" in errors[0] or killed == 0, errors[0]  # its hostname
     assert not (exp / "train" / name / "final.pt").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from collections.abc import Sequence
 
@@ -145,7 +146,10 @@ def failure_message(error) -> str:
         what = "it died without a word (its output is above)"
     first = min(((failures[r].timestamp, r) for r in said if r != rank), default=None)
     others = sorted(r for r in failures if r != rank)
-    return (f"learner rank {rank} failed first (exit code {failure.exitcode}, pid "
+    # Over several nodes a lost node is what matters: the learners' words name it (Liveness).
+    lost = re.search(r"node \d+(?: on \S+)? is lost", what + " ".join(said.values()))
+    return ((f"{lost.group(0)}: " if lost else "")
+            + f"learner rank {rank} failed first (exit code {failure.exitcode}, pid "
             f"{failure.pid}): {what.strip()}"
             + (f"; rank {first[1]} said: {said[first[1]].strip()}" if first else "")
             + (f" [ranks {others} were stopped after it]" if others else "")
