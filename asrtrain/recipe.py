@@ -47,8 +47,31 @@ def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictCon
         raise AsrtrainError(yaml_error_line(e, f"{recipe_dir}/recipe.yaml's config")) from None
     finally:
         GlobalHydra.instance().clear()
-    resolve_recipe_settings(cfg)
+    try:
+        # every interpolation resolves (a typo in one would fail deep inside a stage)
+        OmegaConf.to_container(cfg, resolve=True)
+        _check_required(cfg, recipe_dir / "recipe.yaml")
+        resolve_recipe_settings(cfg)
+    except OmegaConfBaseException as e:
+        key = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
+        raise AsrtrainError(f"{recipe_dir}/recipe.yaml: {key}{str(e).splitlines()[0]}") from None
     return cfg
+
+
+#: What every recipe must say, and an example of each.
+REQUIRED = {"exp_dir": "exp_dir: exp/${recipe}", "stages": "stages: [prepare, lang, features]",
+            "sets": "sets: {train: train, dev: dev, test: [test]}"}
+
+
+def _check_required(cfg: DictConfig, recipe_file: Path) -> None:
+    """The keys the pipeline reads first, present (an empty or partial recipe.yaml would fail
+    on a missing attribute deep inside)."""
+    missing = [k for k in REQUIRED if OmegaConf.select(cfg, k, default=None) in (None, "")]
+    if missing:
+        raise AsrtrainError(f"{recipe_file}: no {', '.join(missing)}; a recipe says where it "
+                            "writes, what it runs and on which sets, e.g. "
+                            + "; ".join(REQUIRED[k] for k in missing)
+                            + " (see recipes/tiny/recipe.yaml)")
 
 
 def check_yaml(path: Path) -> None:

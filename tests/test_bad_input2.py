@@ -72,6 +72,24 @@ def test_config_group_yaml_syntax_error_is_one_line(tmp_path: Path) -> None:
         in line and "(while parsing a flow mapping at 2:7)" in line, line
 
 
+def test_empty_or_broken_recipe_is_one_line(tmp_path: Path) -> None:
+    """An empty recipe.yaml, and an interpolation to nothing, in a recipe or an override."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "recipe.yaml").write_text("")
+    line = error_line(asrtrain("run", str(empty), "--dry-run"))
+    assert f"{empty / 'recipe.yaml'}: no exp_dir, stages, sets; a recipe says" in line, line
+    typo = tmp_path / "typo"
+    typo.mkdir()
+    (typo / "recipe.yaml").write_text("exp_dir: exp/${nothing}\nstages: [prepare]\n"
+                                      "sets: {train: a, dev: b, test: [c]}\n")
+    line = error_line(asrtrain("run", str(typo), "--dry-run"))
+    assert line.endswith(f"{typo / 'recipe.yaml'}: exp_dir: Interpolation key 'nothing' not "
+                         "found"), line
+    line = error_line(asrtrain("run", "recipes/tiny", "model.cells=${nothing}", "--dry-run"))
+    assert "recipes/tiny/recipe.yaml: model.cells: Interpolation key 'nothing' not found" in line
+
+
 def test_topology_of_100000_learners(tmp_path: Path) -> None:
     proc = asrtrain("topology", "--learners", "100000")
     assert proc.returncode == 0, proc.stderr[-2000:]
