@@ -76,6 +76,8 @@ class Schedule:
             raise AsrtrainError(f"topology: need at least one learner, got {n}")
         if scheme not in SCHEMES:
             raise AsrtrainError(f"topology: unknown scheme {scheme!r}; use one of {SCHEMES}")
+        if seed < 0:
+            raise AsrtrainError(f"topology: seed {seed}: expected a non-negative integer")
         self.n = n
         self.scheme = scheme
         self.seed = seed
