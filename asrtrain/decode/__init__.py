@@ -119,7 +119,9 @@ class HybridDecodeConfig:
     ``min_lmwt..max_lmwt`` x insertion penalties ``wips`` swept (``lmwt``/``wip`` fix them
     instead), chunks per forward pass, torch CPU threads (0: leave as is) and device; and
     which of the training run's models is decoded, ``checkpoint`` best | last | average (of the
-    ``average_n`` epochs of lowest dev loss: asrtrain.models.average)."""
+    ``average_n`` epochs of lowest dev loss: asrtrain.models.average; the default, average of 5,
+    and the figures it was chosen on are in conf/decode/ctc_greedy.yaml: on the tiny recipe the
+    hybrid gave 2.87% WER with each choice)."""
 
     decoder: str = "lattice"
     beam: float = 15.0
