@@ -410,8 +410,8 @@ class GraphCache:
     triphone graphs): past it, graphs are compiled afresh each time, which costs about 4 us per
     frame against the tens of microseconds of aligning it, so a corpus too big to keep is slower
     by a few percent, not out of memory.  A training pass's jobs keep theirs on disk for the
-    pass (``graphs.JOB.pt``, :mod:`asrtrain.align.passjobs`): a graph is valid for one tree,
-    i.e. one pass, and a job starts with no memory of the previous iteration."""
+    pass, a file per batch of speakers (``graphs.JOB.B.pt``, :mod:`asrtrain.align.passjobs`): a
+    graph is valid for one tree, i.e. one pass, and a job holds one batch's graphs at a time."""
 
     def __init__(self, max_mb: float = 4096.0) -> None:
         self.max_bytes = max_mb * 2 ** 20
