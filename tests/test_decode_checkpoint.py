@@ -156,6 +156,7 @@ defaults:
   - decode: ctc_greedy
   - _self_
 exp_dir: EXP
+stages: [train]
 sets: {train: train, dev: dev, test: [dev]}
 model: {layers: 1, cells: 32, bottleneck: 16, stack_frames: 2}
 trainer: {epochs: 12, batch_frames: 400, lr: 0.03, warmup_epochs: 0, log_every: 2,

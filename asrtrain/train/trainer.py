@@ -246,11 +246,15 @@ def _resume(run: _Run) -> tuple[int, int]:
     if run.backend.is_main:
         log.info("resuming after epoch %d from %s", start_epoch,
                  checkpoint.model_path(run.out_dir, start_epoch))
-        run.record = {e: s for e, s in read_record(run.out_dir).items() if e <= start_epoch}
     # every learner reads the same files: which kept ones are the best, when to stop early
-    run.dev_losses = {e: float(s["dev_loss"]) for e, s in read_record(run.out_dir).items()
-                      if e <= start_epoch and "dev_loss" in s}
-    run.dev_losses.update(checkpoint.dev_losses(run.out_dir, start_epoch))
+    record = {e: s for e, s in read_record(run.out_dir).items() if e <= start_epoch}
+    if record and start_epoch not in record and ckpt.metrics:  # killed before it was recorded
+        record[start_epoch] = dict(ckpt.metrics)
+    if run.backend.is_main:
+        run.record = record
+    run.dev_losses = {e: float(s["dev_loss"]) for e, s in record.items() if "dev_loss" in s}
+    if not run.dev_losses:  # a run older than the record: the kept checkpoints' metrics
+        run.dev_losses = checkpoint.dev_losses(run.out_dir, start_epoch)
     return start_epoch, int(ckpt.global_samples or 0)
 
 
