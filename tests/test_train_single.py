@@ -30,6 +30,7 @@ defaults:
   - score: hub5
   - _self_
 exp_dir: EXP
+stages: [train]
 sets: {train: train, dev: train, test: [train]}
 model: {layers: 1, cells: 16, bottleneck: 8, stack_frames: 2}
 trainer: {epochs: 3, batch_frames: 400, lr: 0.01, warmup_epochs: 0, log_every: 2}
