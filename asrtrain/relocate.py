@@ -62,7 +62,11 @@ def inferred_location(exp: str | Path) -> Path | None:
         except (OSError, UnicodeDecodeError):
             continue
         if len(first) == 2 and first[1].startswith("/") and "/feats/" in first[1]:
-            return Path(first[1].rsplit("/feats/", 1)[0])
+            old, name = first[1].rsplit("/feats/", 1)
+            ark = name.rsplit(":", 1)[0]
+            # ours only (a Kaldi import's arks are elsewhere): the same ark is here too
+            if "/" not in ark and (Path(exp) / "feats" / ark).is_file():
+                return Path(old)
     return None
 
 

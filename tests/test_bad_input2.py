@@ -341,3 +341,21 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_features_from_elsewhere_are_not_taken_for_a_move(tmp_path: Path) -> None:
+    """An exp dir without a location record whose feats.scp names arks outside it (imported
+    from a Kaldi setup with a feats/ dir of its own): no place is inferred, nothing rewritten."""
+    from asrtrain.relocate import relocate
+
+    kaldi = tmp_path / "kaldi" / "feats"
+    kaldi.mkdir(parents=True)
+    (kaldi / "raw_mfcc.1.ark").write_bytes(b"")
+    exp = tmp_path / "exp"
+    (exp / ".done").mkdir(parents=True)
+    (exp / "data" / "train").mkdir(parents=True)
+    scp = exp / "data" / "train" / "feats.scp"
+    scp.write_text(f"u1 {kaldi / 'raw_mfcc.1.ark'}:10\n")
+    assert relocate(exp) == []
+    assert scp.read_text() == f"u1 {kaldi / 'raw_mfcc.1.ark'}:10\n"
+    assert (exp / ".done" / "location").read_text().strip() == str(exp.resolve())
