@@ -6,7 +6,12 @@ dev set's fMLLR alignment and the fMLLR feature dirs.
 The two runs are two processes with different ``PYTHONHASHSEED`` (what two runs of a command
 get), in different exp dirs, each from the raw corpus (prepare, lang, features, lm, mfcc, align),
 with ``nj=2`` so that the statistics of two jobs are summed and their alignment parts merged; they
-run at the same time, so their jobs finish in whatever order the machine gives them."""
+run at the same time, so their jobs finish in whatever order the machine gives them.
+
+It fails as it should when the order is a hash's: with ``split_by_speaker`` dealing the
+speakers in ``set`` order (a copy of the tree, checked once), every pass's ``final.mdl``,
+tri4's transforms and the fMLLR features differed (the statistics of other job splits
+summed), the alignments did not."""
 
 from __future__ import annotations
 
