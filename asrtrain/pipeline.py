@@ -57,6 +57,8 @@ class Stage:
     a model cut short after it was written), or None; a reason makes it run again, resuming.
     ``files``: the files the user gives that it reads (a data dir's tables, a lexicon): they
     enter its digest by content (``FileDigests``), so an edit reruns it and a touch does not.
+    ``step_files``: those of ``files`` that only some inner steps read (as ``resumable`` for
+    keys): left out of the resume key; the steps that read them key on ``StageContext.files``.
     ``parts``: outputs of its own with a digest of their own, each depending on some of its
     config keys only (``lang``'s ``units``: not on the lexicon); a reader names one as
     ``"lang:units"`` and reruns only when that part's digest changes.
@@ -73,6 +75,7 @@ class Stage:
     verify: Callable[[DictConfig, Paths], str | None] | None = None
     checks_first: bool = False  # calls ``StageContext.start`` itself, after checking its inputs
     files: Callable[[DictConfig], Sequence[Path]] | None = None
+    step_files: Callable[[DictConfig], Sequence[Path]] | None = None
     parts: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -88,6 +91,7 @@ class StageContext:
     fresh: bool = False      # forced, or an input reran: discard inner progress
     on_start: Callable[[bool], None] | None = None
     parts: dict[str, str] = field(default_factory=dict)   # the digest of each of its parts
+    files: dict[str, str] = field(default_factory=dict)   # its input files' content digests
 
     def start(self, keep_record: bool = False) -> None:
         """The stage has checked its inputs and now changes its outputs: its old record goes
@@ -334,7 +338,10 @@ class Pipeline:
                                    "inputs": self.inputs[name],
                                    "generation": self.generations[name]}
         if name in self.files:   # an edited input file: no inner step made from it is reused
-            content["files"] = self.files[name]
+            steps = {str(p) for p in stage.step_files(self.cfg)} if stage.step_files else set()
+            kept = {p: d for p, d in self.files[name].items() if p not in steps}
+            if kept:
+                content["files"] = kept
         return _hash(content)
 
     def plan(self, start: str | None = None, stop: str | None = None,
@@ -453,7 +460,8 @@ class Pipeline:
                 write_text(note[0], note[1] + "\n")
         parts = {p: self.digests[f"{d.stage}:{p}"] for p in self.stages[d.stage].parts}
         return StageContext(self.cfg, self.paths, self.stages[d.stage], self.digests[d.stage],
-                            self.resume_key(d.stage), fresh, start, parts)
+                            self.resume_key(d.stage), fresh, start, parts,
+                            dict(self.files.get(d.stage, {})))
 
     def record(self, name: str) -> None:
         record = {"digest": self.digests[name], "config": self.values[name],

@@ -319,7 +319,9 @@ def _fmllr_sets(ctx: StageContext) -> None:
     how = [bool(cfg.align.decode), tuning_set(cfg) if cfg.align.decode else None]
     for set_name in fmllr_sets(cfg):
         out = paths.fmllr_set(set_name)
-        key = ctx.step_key("fmllr", set_name, kaldi or [list(p) for p in passes.items()], how)
+        read = sorted((str(p), ctx.files.get(str(p))) for p in kaldi_fmllr_files(cfg))
+        key = ctx.step_key("fmllr", set_name, kaldi or [list(p) for p in passes.items()], how,
+                           *([read] if read else []))
         _step(ctx, out / ".done", key, out.name,
               lambda s=set_name, out=out: _write_fmllr_set(ctx, s, out, kaldi))
 
@@ -359,6 +361,13 @@ def kaldi_files(cfg: DictConfig) -> list[Path]:
     if cfg.align.get("source") == "kaldi" and cfg.align.get("kaldi_dir"):
         where = Path(str(cfg.align.kaldi_dir))
         out += [where / "num_pdfs", *sorted(where.glob("*.scp")), *sorted(where.glob("*.ark"))]
+    return out + kaldi_fmllr_files(cfg)
+
+
+def kaldi_fmllr_files(cfg: DictConfig) -> list[Path]:
+    """``align.kaldi_fmllr``'s files: only the fMLLR feature dirs read them, so they key those
+    steps (``_fmllr_sets``), not the GMM passes (``Stage.step_files``)."""
+    out: list[Path] = []
     kaldi = cfg.align.get("kaldi_fmllr")
     if kaldi:
         out += [Path(str(p)) for p in (kaldi.get("final_mat"), kaldi.get("splice_opts")) if p]
@@ -424,6 +433,7 @@ def _config(cfg: DictConfig) -> dict:
 
 
 STAGE = Stage("align", run, reads=("mfcc", "lang", "lm"), config=_config, files=kaldi_files,
+              step_files=kaldi_fmllr_files,
               resumable=("align.passes", "align.tune_on", "align.kaldi_fmllr"), check=check,
               doc="GMM-HMM passes (mono, tri1..tri4: deltas, LDA+MLLT, SAT), pdf alignments, "
                   "HCLG decoding of each, fMLLR feature dirs")
