@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -607,10 +608,11 @@ def _stage_failure(name: str, exp: Path) -> Iterator[None]:
 
 
 @contextmanager
-def exp_lock(exp: Path) -> Iterator[None]:
+def exp_lock(exp: Path, name: str = ".lock", what: str | None = None) -> Iterator[None]:
     """Hold an exclusive lock on the experiment directory: two runs on one ``exp`` dir would
-    overwrite each other's outputs, so the second one stops and says who holds it."""
-    path = exp / ".lock"
+    overwrite each other's outputs, so the second one stops and says who holds it. ``name`` and
+    ``what``: another lock file of it and what it guards (a node's ``.node<k>.lock``)."""
+    path = exp / name
     try:
         exp.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -621,9 +623,11 @@ def exp_lock(exp: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
-            raise AsrtrainError(f"{exp} is in use by {holder}; wait for it to finish") from None
+            raise AsrtrainError(f"{exp}{' ' + what if what else ''} is in use by {holder}; "
+                                "wait for it to finish") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n".encode(), 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                      f"{time.strftime('%H:%M:%S')}\n".encode(), 0)
         yield
     finally:
         os.close(fd)

@@ -16,13 +16,9 @@ its own torchrun agent, whose learners meet node 0's at the rendezvous and read 
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import socket
 import time
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -84,28 +80,11 @@ def pending_inputs(cfg: DictConfig, stages: dict, name: str) -> list[str]:
             if r in decisions and decisions[r].run]
 
 
-@contextmanager
-def node_lock(exp: Path, rank: int) -> Iterator[None]:
+def node_lock(exp: Path, rank: int):
     """Hold ``exp/.node<rank>.lock``: one run per node and exp dir."""
-    path = exp / f".node{rank}.lock"
-    try:
-        exp.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise AsrtrainError(f"{path}: {e.strerror or e}") from e
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
-            raise AsrtrainError(f"{exp}: node {rank} of it is in use by {holder}; wait for it "
-                                "to finish") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                      f"{time.strftime('%H:%M:%S')}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+    from asrtrain.pipeline import exp_lock
+
+    return exp_lock(exp, f".node{rank}.lock", f"(node {rank} of it)")
 
 
 def wait_for_inputs(cfg: DictConfig, stages: dict, name: str, rank: int,
