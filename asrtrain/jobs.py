@@ -116,7 +116,8 @@ def _job_start(threads: int, parent: int | None = None) -> None:
     and Ctrl-C left to the parent (it inherited the CLI's handlers, which print a traceback).
     A job whose parent dies (kill -9) gets SIGTERM at once and ends quietly (Linux's
     PR_SET_PDEATHSIG), instead of finishing its call and printing a BrokenPipeError on the
-    closed result pipe."""
+    closed result pipe. ``parent``: the pid a forked job's parent must have (None for a job
+    started by a fork server, whose parent is the server; the server ends with the run)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform == "linux":
@@ -126,6 +127,18 @@ def _job_start(threads: int, parent: int | None = None) -> None:
     if parent is not None and os.getppid() != parent:   # it died before prctl
         os._exit(0)
     set_threads(threads)
+
+
+def _start_method(threads: int) -> str:
+    """How local jobs start: forked (cheap: they share the parent's imports) where a job runs
+    one thread, else from a fork server. GNU OpenMP (torch's and numpy's thread pools) is not
+    fork-safe: a child forked after the parent ran a parallel region hangs in its first own
+    parallel region with more than one thread (seen: threads=2 nj=2, the align stage's jobs
+    in futex_do_wait at tri1's first iteration). The fork server is a fresh interpreter, so
+    its children start clean and pay only their imports (~1-2 s, once a pool)."""
+    if sys.platform != "linux":
+        return "spawn"
+    return "fork" if threads <= 1 else "forkserver"
 
 
 class _Job:
@@ -155,10 +168,12 @@ class JobPool:
 
     def executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+            ctx = mp.get_context(_start_method(self.jobs.threads))
             self._pool = ProcessPoolExecutor(self.jobs.nj, mp_context=ctx,
                                              initializer=_job_start,
-                                             initargs=(self.jobs.threads, os.getpid()))
+                                             initargs=(self.jobs.threads, os.getpid()
+                                                       if ctx.get_start_method() == "fork"
+                                                       else None))
             self.started += 1
         return self._pool
 

@@ -119,3 +119,47 @@ def test_split_by_speaker_keeps_speakers_whole_and_balances_frames():
     assert split_by_speaker(spk2utt, 2, frames) == parts            # the same every time
     assert len(split_by_speaker(spk2utt, 10)) == 4                   # at most one per speaker
     assert split_by_speaker(spk2utt, 1) == [sorted(frames)]
+
+
+_AFTER_THREADS = """
+import torch
+from asrtrain.jobs import JobConfig, JobPool, run_jobs, set_threads
+import jobs_threaded
+set_threads(2)
+a = torch.randn(1500, 1500)
+for _ in range(5):
+    a = torch.tanh(a @ a)            # the parent's OpenMP pool now has running threads
+with JobPool(JobConfig(nj=2, threads=2)) as pool:
+    for call in range(2):
+        out = run_jobs(jobs_threaded.work, [1, 2, 3], JobConfig(nj=2, threads=2), "matmuls",
+                       pool=pool)
+        assert [o[0] for o in out] == [1, 2, 3] and all(o[1] == 2 for o in out), out
+print("ok", pool.started)
+"""
+
+_THREADED_JOB = """
+import torch
+
+def work(x):
+    a = torch.randn(1500, 1500)
+    for _ in range(5):
+        a = torch.tanh(a @ a)        # a parallel region of the job's own, 2 threads
+    return x, torch.get_num_threads()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_jobs_of_several_threads_after_the_parent_ran_threads_do_not_hang(tmp_path):
+    """GNU OpenMP is not fork-safe: a job forked after the parent ran a parallel region hangs in
+    its first parallel region of more than one thread (threads=2 nj=2 hung the align stage).
+    Such jobs start from a fork server; this run hangs (killed at the guard) with fork."""
+    import subprocess
+    import sys
+
+    (tmp_path / "jobs_threaded.py").write_text(_THREADED_JOB)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.run([sys.executable, "-c", _AFTER_THREADS], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["ok", "1"]
