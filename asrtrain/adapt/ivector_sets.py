@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import kaldiio
 import numpy as np
 import torch
 
@@ -47,6 +46,7 @@ from asrtrain.adapt.ivector import (
     utterance_stats,
 )
 from asrtrain.data.datadir import read_table
+from asrtrain.features.ark import load_matrix
 from asrtrain.features.reader import FeatureReader, ivector_rows
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
 from asrtrain.jobs import JobConfig, run_jobs, split_by_speaker
@@ -552,10 +552,7 @@ def _kaldi_matrix(scp: Path, table: dict[str, str], utt: str) -> np.ndarray:
     if not ark.is_absolute() and not ark.exists():
         # Kaldi writes absolute paths; a relative one is tried from here, then beside the scp
         spec = str(scp.parent / spec)
-    try:
-        m = np.asarray(kaldiio.load_mat(spec), dtype=np.float32)
-    except Exception as e:
-        raise AsrtrainError(f"{scp}: utterance {utt}: cannot read {table[utt]}: {e}") from e
+    m = load_matrix(spec, f"{scp}: utterance {utt}").astype(np.float32)
     if m.ndim != 2:
         raise AsrtrainError(f"{scp}: utterance {utt}: a {m.ndim}-dim array, expected a matrix "
                             "[rows, dim]")

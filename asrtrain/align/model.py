@@ -44,6 +44,7 @@ from asrtrain.align.graph import (
 from asrtrain.align.tree import Tree
 from asrtrain.align.viterbi import Alignment, viterbi_states
 from asrtrain.data.datadir import DataDir
+from asrtrain.features.ark import load_matrix
 from asrtrain.features.reader import FeatureReader
 from asrtrain.features.transform import add_deltas
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
@@ -660,13 +661,13 @@ def _int_vector(scp: Path | str, key: str, spec: str) -> np.ndarray:
     size and each value as a 1-byte width and an int32)."""
     path, _, offset = spec.rpartition(":")
     if not (path and offset.isdigit()):
-        return np.asarray(kaldiio.load_mat(spec))
+        return load_matrix(spec, f"{scp}: {key}")
     with open(path, "rb") as f:
         f.seek(int(offset))
         head = f.read(7)
         n = int.from_bytes(head[3:7], "little", signed=True) if len(head) == 7 else -1
         if head[:3] != b"\0B\x04" or n < 0:
-            return np.asarray(kaldiio.load_mat(spec))
+            return load_matrix(spec, f"{scp}: {key}")
         v = np.frombuffer(f.read(5 * n), dtype=_KALDI_INT32)
     if len(v) != n or (v["size"] != 4).any():
         raise AsrtrainError(f"{scp}: {key}: not an int32 vector at {spec}")

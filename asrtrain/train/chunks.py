@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import kaldiio
 import numpy as np
 import torch
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import read_table
+from asrtrain.features.ark import load_matrix
 from asrtrain.features.reader import FeatureReader, chunk_starts
 
 log = logging.getLogger(__name__)
@@ -115,10 +115,7 @@ class ChunkSet:
     def alignment(self, utt: str, num_frames: int, dtype: type = np.int64) -> np.ndarray:
         """``utt``'s pdf ids, checked against its ``num_frames`` frames of features and the
         number of pdfs; an error names ``ali.scp`` and the utterance."""
-        try:
-            ali = np.asarray(kaldiio.load_mat(self.ali[utt]), dtype=dtype)
-        except Exception as e:
-            raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt}: {e}") from e
+        ali = load_matrix(self.ali[utt], f"{self.ali_dir}/ali.scp: utterance {utt}").astype(dtype)
         if ali.shape != (num_frames,):
             raise AsrtrainError(f"{self.ali_dir}/ali.scp: utterance {utt} has {ali.shape[0]} "
                                 f"frames of alignment for {num_frames} frames of features")
@@ -268,7 +265,8 @@ class ChunkSet:
         """How often each pdf id occurs in the alignments (for the priors of decoding)."""
         counts = np.zeros(self.num_pdfs, dtype=np.int64)
         for u in self.utts:
-            counts += np.bincount(np.asarray(kaldiio.load_mat(self.ali[u]), dtype=np.int64),
+            counts += np.bincount(load_matrix(self.ali[u], f"{self.ali_dir}/ali.scp: utterance "
+                                              f"{u}").astype(np.int64),
                                   minlength=self.num_pdfs)
         return counts
 
