@@ -60,6 +60,7 @@ def test_settings_are_typed_and_defaults_fill_the_rest() -> None:
     ({"epochs": 0}, "trainer.epochs=0: expected an integer >= 1"),
     ({"batch_frames": 0}, "trainer.batch_frames=0: expected an integer >= 1"),
     ({"lr": -1}, "trainer.lr=-1.0: expected a number >= 0"),
+    ({"seed": -1}, "trainer.seed=-1: expected an integer >= 0"),
     ({"timeout_s": 0}, "trainer.timeout_s=0.0: expected a number > 0"),
     ({"momentum": 1.5}, "trainer.momentum=1.5: expected a number >= 0 and <= 1"),
     ({"backend": "nope"}, "trainer.backend='nope': expected one of adpsgd, hadpsgd, ssgd"),

@@ -196,7 +196,7 @@ class TrainerConfig:
     sync_init: bool = _opt(True, _bool)
     threads: int = _opt(0, _int(0))
     cpu: bool = _opt(False, _bool)
-    seed: int = _opt(1, _int())
+    seed: int = _opt(1, _int(0))
     precision: str = _opt("fp32", _choice(lambda: PRECISIONS))
     epochs: int = _opt(12, _int(1))
     batch_frames: int = _opt(6000, _int(1))
