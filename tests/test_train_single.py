@@ -1,5 +1,6 @@
 """The trainer loop, checkpoints, resume and CTC decoding with one learner on real arks."""
 
+import logging
 from pathlib import Path
 
 import kaldiio
@@ -129,3 +130,14 @@ def test_nan_features_stop_with_rank_and_utterances(exp: Path, tmp_path: Path) -
             train(cfg, SingleProcessBackend())
     finally:
         (exp / "data" / "bad").unlink()
+
+
+def test_a_single_learner_logs_no_consensus_distance(exp: Path, tmp_path: Path, caplog) -> None:
+    """One learner (as lockstep learners) is one model: its step lines state no consensus
+    distance (they printed 'consensus distance 0.00e+00' on every line)."""
+    torch.set_num_threads(1)
+    caplog.set_level(logging.INFO, logger="asrtrain")
+    train(make_cfg(exp, tmp_path, **{"trainer.epochs": 1}), SingleProcessBackend())
+    steps = [r.getMessage() for r in caplog.records if " step " in r.getMessage()]
+    assert steps and all("frames/s per learner" in m for m in steps), steps
+    assert not any("consensus" in m for m in steps), steps

@@ -347,9 +347,11 @@ def _log_point(run: _Run, epoch: int, step: int, loss: float, lr: float, rate: f
                **{f"frames_per_s/learner_{r}": v for r, v in enumerate(rates)}}
     if run.gossip is not None:
         scalars.update({"consensus/distance": distance, **run.gossip.rates(step)})
-    log.info("epoch %d step %d: loss %.4f lr %.3e %.0f frames/s per learner, consensus "
-             "distance %.2e%s", epoch, step, shared["loss"], lr, mean_rate, distance,
-             f", {scalars['gossip/exchanges_per_s']:.1f} gossip exchanges/s"
+    # the distance only where learners can differ (lockstep learners are one model: always 0)
+    log.info("epoch %d step %d: loss %.4f lr %.3e %.0f frames/s per learner%s", epoch, step,
+             shared["loss"], lr, mean_rate,
+             f", consensus distance {distance:.2e}, "
+             f"{scalars['gossip/exchanges_per_s']:.1f} gossip exchanges/s"
              if run.gossip is not None else "")
     if run.curves is not None:
         run.curves.add(step, scalars)
