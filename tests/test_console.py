@@ -59,6 +59,9 @@ def test_console_has_no_warnings_chatter_or_bars(run) -> None:
     # what the console does show: the stages and the GMM passes' WER lines
     assert "stage align" in proc.stderr
     assert re.search(r"^eval2000 all: WER \d+\.\d+% .* mono$", proc.stdout, re.M)
+    # once: on stdout, not again in the log lines on stderr (the stage's log file keeps it)
+    assert "eval2000 all: WER" not in proc.stderr
+    assert "eval2000 all: WER" in (exp / "log" / "align.log").read_text()
 
 
 def test_stage_logs_keep_kaldilm_lines_and_every_gmm_iteration(run) -> None:

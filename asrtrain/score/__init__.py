@@ -20,7 +20,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from asrtrain import AsrtrainError
+from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.data.datadir import read_table, write_table
 from asrtrain.fileio import write_text
 from asrtrain.score.align import Counts, align_words
@@ -120,7 +120,8 @@ def _need(path: Path, why: str) -> None:
 
 
 def report_wer(set_name: str, system: str, counts: dict[str, Counts], score_dir: Path) -> None:
-    """Print, log and write to ``score_dir/wer`` one line per subset (all, swbd, callhm):
+    """Print (stdout, once), log (the stage's log file) and write to ``score_dir/wer`` one line
+    per subset (all, swbd, callhm):
     ``eval2000 all: WER 7.19% [ 41 / 570, 9 ins, 5 del, 27 sub ] hybrid_tiny``."""
     table, lines = {}, []
     for subset, c in counts.items():
@@ -128,7 +129,7 @@ def report_wer(set_name: str, system: str, counts: dict[str, Counts], score_dir:
                  f"{c.ins} ins, {c.dels} del, {c.sub} sub ] {system}")
         table[f"{set_name}_{subset}"] = value
         lines.append(f"{set_name} {subset}: {value}")
-        log.info("%s", lines[-1])
+        log.info("%s", lines[-1], extra=STAGE_LOG_ONLY)   # the console has it on stdout
     write_table(Path(score_dir) / "wer", table)
     print("\n".join(lines), flush=True)
 
