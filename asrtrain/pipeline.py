@@ -530,10 +530,13 @@ def run_recipe(cfg: DictConfig, stages: dict[str, Stage], start: str | None = No
     for note in paths.markers.glob(".*.forced"):  # the forced run is over
         note.unlink(missing_ok=True)
     in_range = [d.stage for d in decisions if d.in_range]
+    where = paths.exp.resolve()   # where a relative exp_dir landed
     if not ran:
-        log.info("nothing to do: every stage from %s to %s is done", in_range[0], in_range[-1])
+        log.info("nothing to do: every stage from %s to %s is done in %s", in_range[0],
+                 in_range[-1], where)
     else:
-        log.info("ran %s in %.1f s", ", ".join(ran), time.time() - t_all)
+        log.info("ran %s in %.1f s; the experiment is in %s", ", ".join(ran),
+                 time.time() - t_all, where)
     return ran
 
 

@@ -58,6 +58,8 @@ def test_console_has_no_warnings_chatter_or_bars(run) -> None:
         assert not hits, f"{what} on the console: {hits[:5]}"
     # what the console does show: the stages and the GMM passes' WER lines
     assert "stage align" in proc.stderr
+    assert re.search(rf"ran prepare, .*align in [\d.]+ s; the experiment is in {exp.resolve()}$",
+                     proc.stderr, re.M)
     assert re.search(r"^eval2000 all: WER \d+\.\d+% .* mono$", proc.stdout, re.M)
     # once: on stdout, not again in the log lines on stderr (the stage's log file keeps it)
     assert "eval2000 all: WER" not in proc.stderr
