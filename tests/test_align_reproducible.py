@@ -21,18 +21,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_align_sat_stage import SAT_SMALL
 
 REPO = Path(__file__).resolve().parents[1]
 PASSES = ("mono", "tri1", "tri3", "tri4")
-PASS = "{type:%s,num_leaves:80,num_gauss:400,num_iters:4,realign_iters:[2],%s}"
 # test_align_sat_stage's small SAT chain (mono -> tri1 -> tri3 -> tri4), without decoding
-SMALL = ["nj=2", "~align.passes.tri2", "align.decode=false",
-         "++align.passes.mono.num_iters=4", "++align.passes.mono.totgauss=300",
-         "++align.passes.mono.realign_iters=[1,2,3]",
-         "++align.passes.tri1.num_leaves=60", "++align.passes.tri1.num_gauss=300",
-         "++align.passes.tri1.num_iters=4", "++align.passes.tri1.realign_iters=[2]",
-         "++align.passes.tri3=" + PASS % ("lda_mllt", "from:tri1,mllt_iters:[1,2]"),
-         "++align.passes.tri4=" + PASS % ("sat", "from:tri3,fmllr_iters:[1,2]")]
+SMALL = [o if o != "align.decode=true" else "align.decode=false" for o in SAT_SMALL]
 STAGES = "stages=[prepare,lang,features,lm,mfcc,align]"
 
 
