@@ -45,19 +45,50 @@ class _Group(click.Group):
         signal.signal(signal.SIGTERM, _sigterm)
         try:
             return super().invoke(ctx)
-        except Interrupted as e:
-            click.echo(f"asrtrain: {e}", err=True)
-            sys.exit(e.exit_code)
-        except AsrtrainError as e:
-            click.echo(f"asrtrain: error: {e}", err=True)
-            sys.exit(e.exit_code)
         except BaseException as e:
-            signum = interrupt_signal(e)
-            if signum is None:
+            code = _report(e)
+            if code is None:
                 raise
-            click.echo(f"asrtrain: interrupted by {signal.Signals(signum).name}: what finished "
-                       "is kept; run the same command to resume", err=True)
-            sys.exit(128 + signum)
+            sys.exit(code)
+
+
+def _report(error: BaseException) -> int | None:
+    """Say ``error`` in one line on stderr and return the exit status it means, or None for an
+    error that is not ours to put in one line (its traceback is the message)."""
+    if isinstance(error, SystemExit):
+        return None
+    if isinstance(error, Interrupted):
+        click.echo(f"asrtrain: {error}", err=True)
+        return error.exit_code
+    if isinstance(error, AsrtrainError):
+        click.echo(f"asrtrain: error: {error}", err=True)
+        return error.exit_code
+    signum = interrupt_signal(error)
+    if signum is None:
+        return None
+    click.echo(f"asrtrain: interrupted by {signal.Signals(signum).name}: what finished "
+               "is kept; run the same command to resume", err=True)
+    return 128 + signum
+
+
+def _exit_now(code: int) -> None:
+    """End this process with ``code`` at once, after flushing its output and logs.
+
+    A learner that fails may leave threads inside C++ calls (its gossip thread in a gloo
+    receive, its heartbeat in a store call). The interpreter's exit ends such daemon threads by
+    ``pthread_exit`` as they take the GIL back, and that unwinds through C++ frames that may
+    not unwind: ``terminate called without an active exception`` and SIGABRT, after the one
+    clear line. ``os._exit`` skips that finalization; what the learner wrote is already on disk
+    (checkpoints are written to a temporary name and renamed)."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe: nothing more to say
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 @click.group(cls=_Group)
@@ -145,8 +176,16 @@ def train(config: str, verbose: bool) -> None:
     except BaseException as e:
         record_error(e)
         if isinstance(e, AsrtrainError) and os.environ.get("TORCHELASTIC_ERROR_FILE"):
-            sys.exit(e.exit_code)  # its line is the launcher's to quote, once for all learners
-        raise
+            _exit_now(e.exit_code)  # its line is the launcher's to quote, once for all learners
+        code = _report(e)
+        if code is None:
+            if isinstance(e, SystemExit):
+                raise
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        _exit_now(code)
 
 
 def _register() -> None:
