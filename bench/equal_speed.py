@@ -6,11 +6,10 @@ Issue 23 changed what an ``adpsgd`` epoch is (the whole training set once across
 claimed block by block, instead of equal steps for every learner) and took every collective off
 the step loop. With no straggler the learners run at the same speed, and the change should not
 cost accuracy: this bench trains the same small CTC model as ``bench/straggler.py`` (tiny recipe,
-same model, epochs and batch) with each seed, once with this trainer (``--rev``) and once with the trainer
-at ``--ref`` (a ``git worktree`` of this repository; default ``bb7b53d``, the trainer the issue
-was filed against), and compares the last epoch's dev loss of the consensus model (the model
-learner 0 checkpoints, in nats summed over each dev utterance's CTC loss, averaged over
-utterances, as the trainer reports it).
+same model, epochs and batch) with each seed, once with this trainer (``--rev``) and once
+with the trainer at ``--ref`` (each a ``git worktree`` of this repository; the default ``--ref``
+``bb7b53d`` is the trainer the issue was filed against), and compares the last epoch's dev
+loss of the consensus model (the model learner 0 checkpoints, as the trainer reports it).
 
 The rule, fixed before the runs: the new trainer "stays within the spread" when the mean of its
 seeds lies within the earlier trainer's min..max over the same seeds, widened by nothing. The
@@ -100,7 +99,7 @@ def main() -> None:
     trainers = {"this": (worktree(head, work / f"rev-{head}"), head),
                 "earlier": (worktree(a.ref, work / f"ref-{rev}"), rev)}
     rows = []
-    for label, (repo, at) in trainers.items():
+    for label, (repo, _) in trainers.items():
         exp = work / f"exp-{label}"
         if not (exp / ".done" / "features").is_file():
             asrtrain(repo, "run", "recipes/tiny", f"exp_dir={exp}", "--to", "features", "nj=2")
