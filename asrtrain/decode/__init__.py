@@ -17,22 +17,21 @@ recipe's ``score.tune_on`` (``tuning_set``): on each test set itself (Kaldi's ha
 optimistic figure) or on the dev set, whose best setting the test sets are then decoded with
 (a held-out figure; ``note_tuned_on`` records it in the test set's ``decode.json``).  Their
 options are typed configs with the defaults in one place, here: ``GmmDecodeConfig`` and
-``HybridDecodeConfig`` (``from_config`` takes the YAML mapping, rejects unknown keys and values
-of the wrong type).
+``HybridDecodeConfig`` (``from_config`` reads the YAML mapping with :func:`asrtrain.settings.read`,
+which rejects unknown keys and values of the wrong type).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-import types
-import typing
 from collections.abc import Hashable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from asrtrain import AsrtrainError
+from asrtrain.settings import check, read
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -41,52 +40,10 @@ if TYPE_CHECKING:
     from asrtrain.decode.ctc import TimedWord
     from asrtrain.score import Counts
 
-_C = TypeVar("_C")
 _K = TypeVar("_K", bound=Hashable)
 
 
 # ---------------------------------------------------------------------------- typed configs
-_SCALARS: dict[object, tuple[type | tuple[type, ...], str]] = {
-    float: ((int, float), "a number"), int: (int, "an integer"), str: (str, "a string")}
-
-
-def _coerce(where: str, value: object, hint: object) -> object:
-    """``value`` as the annotated type (int, float, str, ``X | None``, ``tuple[X, ...]``)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        if value is None:
-            return None
-        hint = next(a for a in args if a is not type(None))
-    if typing.get_origin(hint) is tuple:
-        if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
-            raise AsrtrainError(f"{where}={value!r}: expected a list")
-        return tuple(_coerce(f"{where}[{i}]", v, typing.get_args(hint)[0])
-                     for i, v in enumerate(value))
-    accepts, what = _SCALARS[hint]
-    if not isinstance(value, accepts) or isinstance(value, bool):
-        raise AsrtrainError(f"{where}={value!r}: expected {what}")
-    return hint(value)
-
-
-def config_from(cls: type[_C], cfg: Mapping | _C | None, section: str) -> _C:
-    """A ``cls`` dataclass from a config mapping: unknown keys and values of the wrong type are
-    errors naming ``section`` (e.g. ``hybrid.decode``); missing keys take the defaults."""
-    if isinstance(cfg, cls):
-        return cfg
-    values = dict(cfg or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise AsrtrainError(f"{section} config: unknown keys {unknown}; known: {sorted(known)}")
-    hints = typing.get_type_hints(cls)
-    return cls(**{k: _coerce(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise AsrtrainError(message)
-
-
 @dataclass(frozen=True)
 class GmmDecodeConfig:
     """``decode_gmm``'s options: the acoustic scales tried (the best on the scored set is
@@ -101,15 +58,18 @@ class GmmDecodeConfig:
     acoustic_scales: tuple[float, ...] = (1 / 12, 0.1)
 
     def __post_init__(self) -> None:
-        _check(bool(self.acoustic_scales) and min(self.acoustic_scales) > 0,
+        check(bool(self.acoustic_scales) and min(self.acoustic_scales) > 0,
                f"gmm decode: acoustic_scales {list(self.acoustic_scales)}: need at least one, "
                "all positive")
-        _check(self.beam > 0 and self.max_active > 0,
+        check(self.beam > 0 and self.max_active > 0,
                f"gmm decode: beam {self.beam} and max_active {self.max_active} must be positive")
 
     @classmethod
-    def from_config(cls, cfg: Mapping | GmmDecodeConfig | None) -> GmmDecodeConfig:
-        return config_from(cls, cfg, "gmm decode")
+    def from_config(cls, cfg: Mapping | GmmDecodeConfig | None,
+                    section: str = "gmm decode") -> GmmDecodeConfig:
+        """The options of ``cfg`` read by :func:`asrtrain.settings.read`, errors naming
+        ``<section>.<key>``."""
+        return read(cls, cfg, section)
 
 
 @dataclass(frozen=True)
@@ -144,24 +104,27 @@ class HybridDecodeConfig:
         from asrtrain.models.average import CheckpointChoice
 
         CheckpointChoice(self.checkpoint, self.average_n)
-        _check(self.decoder in ("lattice", "faster"),
+        check(self.decoder in ("lattice", "faster"),
                f"decode.decoder={self.decoder!r}: expected lattice or faster")
-        _check(self.decoder == "lattice" or self.wip in (None, 0.0),
+        check(self.decoder == "lattice" or self.wip in (None, 0.0),
                f"decode.wip={self.wip}: the faster decoder gives no lattice to add an insertion "
                "penalty to; use decoder=lattice")
-        _check(min(self.acoustic_scale, self.beam, self.lattice_beam, self.max_active,
+        check(min(self.acoustic_scale, self.beam, self.lattice_beam, self.max_active,
                    self.batch_chunks) > 0 and self.prior_scale >= 0 and self.threads >= 0,
                "decode: acoustic_scale, beam, lattice_beam, max_active and batch_chunks must be "
                "positive, prior_scale and threads not negative")
         lmwts = [m for m, _ in self.settings()] or [0]
-        _check(bool(self.settings()) and min(lmwts) > 0,
+        check(bool(self.settings()) and min(lmwts) > 0,
                f"decode: LM weights {self.min_lmwt}..{self.max_lmwt} (lmwt {self.lmwt}) and "
                f"insertion penalties {list(self.wips)} (wip {self.wip}): need at least one of "
                "each, LM weights positive")
 
     @classmethod
-    def from_config(cls, cfg: Mapping | HybridDecodeConfig | None) -> HybridDecodeConfig:
-        return config_from(cls, cfg, "decode")
+    def from_config(cls, cfg: Mapping | HybridDecodeConfig | None,
+                    section: str = "decode") -> HybridDecodeConfig:
+        """The options of ``cfg`` read by :func:`asrtrain.settings.read`, errors naming
+        ``<section>.<key>``."""
+        return read(cls, cfg, section)
 
     def settings(self) -> list[tuple[int, float]]:
         """The (LM weight, insertion penalty) pairs to try, in sweep order."""

@@ -43,7 +43,7 @@ from asrtrain.distributed.streams import NullStream
 if TYPE_CHECKING:
     from asrtrain.distributed.claims import EpochClaims
     from asrtrain.distributed.comm import Comm
-    from asrtrain.train.config import TrainerConfig
+    from asrtrain.distributed.config import DistributedConfig
 
 
 class Backend(ABC):
@@ -190,7 +190,7 @@ class DistributedBackend(Backend):
     are ordered on the GPU against them by :attr:`streams` (:meth:`updating_model`).
     """
 
-    def __init__(self, comm: Comm, cfg: TrainerConfig) -> None:
+    def __init__(self, comm: Comm, cfg: DistributedConfig) -> None:
         super().__init__(comm.rank, comm.world_size, comm.local_rank, comm.device)
         self.comm = comm
         self.cfg = cfg

@@ -13,9 +13,9 @@ import torch.distributed as dist
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import Backend, SingleProcessBackend
 from asrtrain.distributed.comm import Comm, cpu_threads, group_backend, learner_device
+from asrtrain.distributed.config import DistributedConfig
 from asrtrain.distributed.liveness import Liveness, die_with_launcher
 from asrtrain.distributed.registry import backend_class
-from asrtrain.train.config import TrainerConfig
 
 
 def _env_int(name: str, default: int) -> int:
@@ -28,15 +28,16 @@ def _env_int(name: str, default: int) -> int:
         raise AsrtrainError(f"environment variable {name}={value!r} is not an integer") from e
 
 
-def build_backend(trainer_cfg: TrainerConfig | Mapping | None) -> Backend:
+def build_backend(trainer_cfg: DistributedConfig | Mapping | None) -> Backend:
     """The backend of this learner, joining the process group described by torchrun's environment.
 
-    ``trainer_cfg`` is a :class:`TrainerConfig` or a mapping of trainer settings (checked by
-    :meth:`TrainerConfig.from_config`). Without ``WORLD_SIZE`` in the environment (or with 1) this
-    is a :class:`SingleProcessBackend`; otherwise the class registered as ``trainer.backend``,
-    built as ``cls(comm, cfg)``. The learner takes :func:`cpu_threads` torch CPU threads.
+    ``trainer_cfg`` is a :class:`DistributedConfig` (a ``TrainerConfig`` is one) or a mapping of
+    its settings (checked by :meth:`DistributedConfig.from_config`). Without ``WORLD_SIZE`` in the
+    environment (or with 1) this is a :class:`SingleProcessBackend`; otherwise the class
+    registered as ``trainer.backend``, built as ``cls(comm, cfg)``. The learner takes
+    :func:`cpu_threads` torch CPU threads.
     """
-    cfg = TrainerConfig.from_config(trainer_cfg)
+    cfg = DistributedConfig.from_config(trainer_cfg)
     die_with_launcher()
     cls = backend_class(cfg.backend)  # an unknown backend fails before anyone waits for it
     world = _env_int("WORLD_SIZE", 1)
