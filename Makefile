@@ -7,7 +7,7 @@ RECIPE ?= recipes/tiny
 ARGS ?=
 ASRTRAIN := $(VENV)/bin/asrtrain
 # The stage table of asrtrain/stages/__init__.py, in its order (tests/test_pipeline.py checks it).
-STAGES := prepare lang features train decode score lm mfcc align ivectors train_hybrid decode_hybrid
+STAGES := prepare lang features train decode score lm mfcc align fmllr decode_gmm ivectors train_hybrid decode_hybrid
 
 .PHONY: help install system-deps slurm smoke test lint bench clean $(STAGES)
 

@@ -107,15 +107,15 @@ def yaml_error_line(e: yaml.YAMLError, where: str) -> str:
 #: The stages of each system a recipe's ``systems`` may name, in the order of the stage table
 #: (``asrtrain.stages.STAGES``; a test keeps them in step).
 STAGE_ORDER = ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
-               "ivectors", "train_hybrid", "decode_hybrid")
+               "fmllr", "decode_gmm", "ivectors", "train_hybrid", "decode_hybrid")
 SYSTEM_STAGES = {
     "ctc": ("prepare", "lang", "features", "train", "decode", "score"),
-    "gmm": ("prepare", "lang", "lm", "mfcc", "align"),
-    "hybrid": ("prepare", "lang", "features", "lm", "mfcc", "align", "train_hybrid",
-               "decode_hybrid"),
+    "gmm": ("prepare", "lang", "lm", "mfcc", "align", "decode_gmm"),
+    "hybrid": ("prepare", "lang", "features", "lm", "mfcc", "align", "fmllr", "decode_gmm",
+               "train_hybrid", "decode_hybrid"),
 }
 #: Stages that need a pronunciation lexicon (words.txt with #0, L.fst).
-LEXICON_STAGES = ("lm", "align", "train_hybrid", "decode_hybrid")
+LEXICON_STAGES = ("lm", "align", "fmllr", "decode_gmm", "train_hybrid", "decode_hybrid")
 #: ``nj: auto`` takes the cores this process may use, at most this many: each job is a process
 #: of its own (torch and an audio pipe), and a few keep the disk busy.
 MAX_AUTO_NJ = 8
@@ -141,6 +141,7 @@ def resolve_recipe_settings(cfg: DictConfig) -> None:
             if "gmm" not in cfg.systems and OmegaConf.select(cfg, "align.decode"):
                 cfg.align.decode = False
     _check_lexicon(cfg)
+    _check_split_stages(cfg)
 
 
 def hybrid_input_appends(cfg: DictConfig) -> list[str]:
@@ -213,6 +214,39 @@ def _systems(cfg: DictConfig) -> list[str]:
         raise AsrtrainError(f"systems={systems}: expected auto or a list of "
                             f"{', '.join(SYSTEM_STAGES)} (e.g. systems=[ctc,hybrid])")
     return [str(s) for s in systems]
+
+
+def _check_split_stages(cfg: DictConfig) -> None:
+    """Stages that need what ``align`` made before it was cut at Kaldi's seams: the GMM passes'
+    graphs, decoding and the test sets' transforms (``decode_gmm``: for ``align.decode`` and
+    ``decode_hybrid``) and the train and dev sets' fMLLR features (``fmllr``: for a hybrid
+    model that appends them). A stage list without them (an older recipe's) is refused in one
+    line that gives the list to use, rather than skipping the decoding or decoding through a
+    missing or stale graph."""
+    if not OmegaConf.is_list(cfg.get("stages")):
+        return
+    stages = [str(s) for s in cfg.stages]
+    fmllr = ("fmllr",) if "fmllr" in hybrid_input_appends(cfg) else ()
+    needs = {"align": ("decode_gmm",) if OmegaConf.select(cfg, "align.decode") else (),
+             "train_hybrid": fmllr, "decode_hybrid": ("decode_gmm", *fmllr)}
+    why = {"align": "align.decode=true", "train_hybrid": "train_hybrid",
+           "decode_hybrid": "decode_hybrid"}
+    missing = [s for s in STAGE_ORDER
+               if s in {m for r, ms in needs.items() if r in stages for m in ms} - set(stages)]
+    if not missing:
+        return
+    readers = [why[r] for r, ms in needs.items() if r in stages and set(ms) & set(missing)]
+    at = stages.index("align") + 1 if "align" in stages else len(stages)
+    fixed = [*stages[:at], *missing, *stages[at:]]
+    what = {"fmllr": "fmllr (the fMLLR features)",
+            "decode_gmm": "decode_gmm (the GMM passes' graphs and decoding)"}
+    one = len(missing) == 1
+    raise AsrtrainError(
+        f"stages: {' and '.join(readers)} need{'s' if len(readers) == 1 else ''} "
+        f"{' and '.join(what[m] for m in missing)}, "
+        f"{'a stage of its own' if one else 'stages of their own'} since align was split: "
+        f"list {'it' if one else 'them'}: stages: [{', '.join(fixed)}]"
+        + (" (or align.decode=false)" if readers == ["align.decode=true"] else ""))
 
 
 def _check_lexicon(cfg: DictConfig) -> None:

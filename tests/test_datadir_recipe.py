@@ -154,7 +154,7 @@ def test_systems_choose_the_stages(corpus: Path) -> None:
         assert list(cfg.systems) == ["ctc", "gmm", "hybrid"] and list(cfg.stages) == ALL_STAGES
         assert cfg.align.decode is True
     gmm = compose_recipe(RECIPE, ["corpus.lexicon=cmudict", "systems=[gmm]"])
-    assert list(gmm.stages) == ["prepare", "lang", "lm", "mfcc", "align"]
+    assert list(gmm.stages) == ["prepare", "lang", "lm", "mfcc", "align", "decode_gmm"]
     hybrid = compose_recipe(RECIPE, ["corpus.lexicon=cmudict", "systems=[ctc,hybrid]"])
     assert list(hybrid.stages) == ALL_STAGES and hybrid.align.decode is False
     appends = compose_recipe(RECIPE, ["corpus.lexicon=cmudict", "++features.append=[ivector]"])

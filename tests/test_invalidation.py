@@ -1,6 +1,7 @@
-"""Exact invalidation on the real tiny recipe (reduced settings), through the real CLI: a change
-reruns exactly the stages downstream of it, --force reaches inner steps, a run killed inside
-align resumes at the pass it was in."""
+"""Exact invalidation on the real tiny recipe: the stages cut at Kaldi's seams, planned in-process
+on records of a finished run (no training: the plan reads only the records); then, on a small
+run through the real CLI, a change reruns exactly the stages downstream of it, --force reaches
+inner steps, a run killed inside align resumes at the pass it was in."""
 
 from __future__ import annotations
 
@@ -14,8 +15,123 @@ from pathlib import Path
 import pytest
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
 
+from asrtrain.pipeline import Pipeline, run_recipe
+from asrtrain.recipe import compose_recipe
+from asrtrain.stages import STAGES
+from asrtrain.stages.align import pass_chain
+
 ALL = ["prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
-       "ivectors", "train_hybrid", "decode_hybrid"]
+       "fmllr", "decode_gmm", "ivectors", "train_hybrid", "decode_hybrid"]
+#: What reads the GMM passes: a pass's change reaches these and nothing else.
+AFTER_ALIGN = ["align", "fmllr", "decode_gmm", "train_hybrid", "decode_hybrid"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """The tiny recipe as shipped (tri4 SAT, the hybrid model on its fMLLR features), every
+    stage's record written as a finished run leaves it, nothing trained: what ``--dry-run``
+    reads."""
+    from asrtrain.models.checksum import sha256_file, write_sidecar
+
+    exp = tmp_path_factory.mktemp("seams") / "exp"
+    cfg = compose_recipe("recipes/tiny", [f"exp_dir={exp}"])
+    pipeline = Pipeline(cfg, STAGES)
+    pipeline.paths.markers.mkdir(parents=True)
+    for name in pipeline.names:
+        pipeline.record(name)
+    for model in (cfg.model.name, cfg.hybrid.model.name):   # the training stages' verify
+        final = pipeline.paths.model_dir(str(model)) / "final.pt"
+        final.parent.mkdir(parents=True)
+        final.write_bytes(b"a finished model, as far as the plan can tell")
+        write_sidecar(final, sha256_file(final))
+    return exp
+
+
+def dry_run(exp: Path, capsys, *overrides: str) -> list[str]:
+    """The stages ``asrtrain run recipes/tiny --dry-run`` plans (in-process), checking the
+    listing names every stage."""
+    cfg = compose_recipe("recipes/tiny", [f"exp_dir={exp}", *overrides])
+    todo = run_recipe(cfg, STAGES, dry_run=True)
+    listing = capsys.readouterr().out
+    assert [ln.split()[0] for ln in listing.splitlines() if ln.strip()] == ALL, listing
+    return todo
+
+
+def test_the_records_of_a_finished_run_plan_nothing(recorded: Path, capsys) -> None:
+    assert dry_run(recorded, capsys) == []
+
+
+def test_an_lm_change_plans_only_decoding_stages(recorded: Path, capsys) -> None:
+    """No GMM pass, no fMLLR features, no training: the graphs and what decodes through them."""
+    assert dry_run(recorded, capsys, "lm.order=2") == ["lm", "decode_gmm", "decode_hybrid"]
+    assert dry_run(recorded, capsys, "align.decode=false") == ["decode_gmm", "decode_hybrid"]
+
+
+def test_a_lexicon_change_does_not_plan_the_ctc_model(recorded: Path, capsys) -> None:
+    # the CTC stages read lang's units only (lang:units), which sil_prob does not change
+    assert dry_run(recorded, capsys, "lang.sil_prob=0.4") == ["lang", "lm", *AFTER_ALIGN]
+    assert dry_run(recorded, capsys, "lang.vocab_size=99") == [
+        "lang", "train", "decode", "score", "lm", *AFTER_ALIGN]
+
+
+def test_a_tri4_change_keeps_mono_to_tri3(recorded: Path, capsys) -> None:
+    """A tri4 option reruns align (config changed: not a fresh start), and the records of the
+    passes before it still hold the keys the run computes for them, so they are skipped as
+    "done already"; tri4's is not."""
+    def context(*overrides: str):
+        cfg = compose_recipe("recipes/tiny", [f"exp_dir={recorded}", *overrides])
+        pipeline = Pipeline(cfg, STAGES)
+        align = next(d for d in pipeline.plan() if d.stage == "align")
+        return cfg, pipeline.context(align), align
+
+    cfg, ctx, _ = context()
+    markers = {name: recorded / "align" / name / ".done" for name, _ in pass_chain(cfg)}
+    assert list(markers) == ["mono", "tri1", "tri2", "tri3", "tri4"]
+    for name, chain in pass_chain(cfg):   # as align's run leaves them
+        markers[name].parent.mkdir(parents=True, exist_ok=True)
+        markers[name].write_text(ctx.step_key("pass", chain) + "\n")
+    try:
+        change = "align.passes.tri4.num_gauss=1500"
+        assert dry_run(recorded, capsys, change) == AFTER_ALIGN
+        cfg, ctx, decision = context(change)
+        assert decision.reasons == ["config changed: align.passes.tri4.num_gauss: 1200 -> 1500"]
+        assert not ctx.fresh
+        done = {name: ctx.step_done(markers[name], ctx.step_key("pass", chain))
+                for name, chain in pass_chain(cfg)}
+        assert done == {"mono": True, "tri1": True, "tri2": True, "tri3": True, "tri4": False}
+        # and a tri2 change redoes tri2 and what starts from it
+        cfg, ctx, _ = context("align.passes.tri2.num_leaves=250")
+        assert [name for name, chain in pass_chain(cfg)
+                if ctx.step_done(markers[name], ctx.step_key("pass", chain))] == ["mono", "tri1"]
+    finally:
+        for marker in markers.values():
+            marker.unlink()
+
+
+def test_a_hybrid_recipe_without_the_split_stages_is_refused(tmp_path: Path) -> None:
+    """A stage list of before the split (align made the graphs and the fMLLR features): one
+    line that gives the list to use."""
+    from asrtrain import AsrtrainError
+
+    with pytest.raises(AsrtrainError) as e:
+        compose_recipe("recipes/tiny", [f"exp_dir={tmp_path}", "stages=[prepare,lang,features,"
+                                        "lm,mfcc,align,ivectors,train_hybrid,decode_hybrid]"])
+    assert str(e.value) == (
+        "stages: align.decode=true and train_hybrid and decode_hybrid need fmllr (the fMLLR "
+        "features) and decode_gmm (the GMM passes' graphs and decoding), stages of their own "
+        "since align was split: list them: stages: [prepare, lang, features, lm, mfcc, align, "
+        "fmllr, decode_gmm, ivectors, train_hybrid, decode_hybrid]")
+    with pytest.raises(AsrtrainError) as e:
+        compose_recipe("recipes/tiny", [f"exp_dir={tmp_path}", "stages=[prepare,lang,lm,mfcc,"
+                                        "align]"])
+    assert str(e.value) == (
+        "stages: align.decode=true needs decode_gmm (the GMM passes' graphs and decoding), a "
+        "stage of its own since align was split: list it: stages: [prepare, lang, lm, mfcc, "
+        "align, decode_gmm] (or align.decode=false)")
+    # without decoding, the GMM passes alone are a whole recipe
+    gmm = compose_recipe("recipes/tiny", [f"exp_dir={tmp_path}", "align.decode=false",
+                                          "stages=[prepare,lang,lm,mfcc,align]"])
+    assert list(gmm.stages) == ["prepare", "lang", "lm", "mfcc", "align"]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +165,7 @@ def test_nothing_to_do_after_a_whole_run(done: list[str]) -> None:
 
 
 def test_an_mfcc_change_reruns_the_gmm_branch_and_not_ctc(done: list[str]) -> None:
-    assert plan(done, "mfcc.dither=0.5") == ["mfcc", "align", "train_hybrid", "decode_hybrid"]
+    assert plan(done, "mfcc.dither=0.5") == ["mfcc", *AFTER_ALIGN]
 
 
 def test_a_ctc_decode_change_reruns_only_decode_and_score(done: list[str]) -> None:
@@ -58,14 +174,6 @@ def test_a_ctc_decode_change_reruns_only_decode_and_score(done: list[str]) -> No
     assert "config changed: decode.batch_frames: 20000 -> 12345" in out.stderr
     assert plan(done, "decode.batch_frames=12345") == []
     assert ran(asrtrain("run", *done)) == ["decode", "score"]     # and back again
-
-
-def test_a_lang_change_reruns_what_reads_it_and_not_the_ctc_model(done: list[str]) -> None:
-    # the CTC stages read lang's units only (lang:units), which sil_prob does not change
-    assert plan(done, "lang.sil_prob=0.4") == [
-        "lang", "lm", "align", "train_hybrid", "decode_hybrid"]
-    assert plan(done, "lang.vocab_size=99") == [
-        "lang", "train", "decode", "score", "lm", "align", "train_hybrid", "decode_hybrid"]
 
 
 def test_a_scoring_change_rescores_every_system(done: list[str], tmp_path: Path) -> None:
@@ -125,14 +233,14 @@ def test_a_stale_input_outside_the_range_is_one_clear_error(done: list[str]) -> 
 
 
 def test_force_reruns_the_stage_its_inner_steps_and_its_readers(done: list[str]) -> None:
-    assert plan(done, "--force", "mfcc") == ["mfcc", "align", "train_hybrid", "decode_hybrid"]
+    assert plan(done, "--force", "mfcc") == ["mfcc", *AFTER_ALIGN]
     exp = _exp(done)
     before = (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns
     out = asrtrain("run", *done, "--force", "align", "--to", "align")
     assert ran(out) == ["align"] and "done already" not in out.stderr
     assert (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns != before
     # what reads align must follow: its record names the align digest it was made from
-    assert plan(done) == ["train_hybrid", "decode_hybrid"]
+    assert plan(done) == AFTER_ALIGN[1:]
 
 
 def test_a_run_killed_inside_align_resumes_at_its_pass(done: list[str]) -> None:

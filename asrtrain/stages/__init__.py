@@ -8,8 +8,10 @@ from asrtrain.pipeline import Stage
 from asrtrain.stages import (
                              align,
                              decode,
+                             decode_gmm,
                              decode_hybrid,
                              features,
+                             fmllr,
                              ivectors,
                              lang,
                              lm,
@@ -21,5 +23,5 @@ from asrtrain.stages import (
 )
 
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
-    prepare, lang, features, train, decode, score, lm, mfcc, align, ivectors, train_hybrid,
-    decode_hybrid)}
+    prepare, lang, features, train, decode, score, lm, mfcc, align, fmllr, decode_gmm, ivectors,
+    train_hybrid, decode_hybrid)}

@@ -1,12 +1,9 @@
 """Stage ``align``: the GMM-HMM passes in the recipe's order (Kaldi's train_mono.sh, then by
-each pass's ``type``: train_deltas.sh, train_lda_mllt.sh, train_sat.sh), each decoded on the test
-sets when ``align.decode`` is set (a SAT pass as decode_fmllr.sh: two passes, see
-:mod:`asrtrain.decode.fmllr`), then the dev set aligned with the last pass (align_fmllr.sh when it
-is SAT) for the hybrid model's held-out figures; or Kaldi's own alignments imported.
-
-When the last pass is SAT, or ``align.kaldi_fmllr`` names a Kaldi experiment's ``final.mat`` and
-``trans.*``, a last step writes the speaker-adapted feature dirs ``paths.fmllr_set(set)`` of the
-train, dev and test sets (the hybrid model's ``append: [fmllr]`` input).
+each pass's ``type``: train_deltas.sh, train_lda_mllt.sh, train_sat.sh), then the dev set aligned
+with the last pass (align_fmllr.sh when it is SAT) for the hybrid model's held-out figures; or
+Kaldi's own alignments imported. It reads ``mfcc`` and ``lang`` only: decoding the passes
+(mkgraph, decode, score: stage ``decode_gmm``, which reads ``lm``) and the fMLLR feature dirs
+(stage ``fmllr``) are stages of their own, so an ``lm.*`` change retrains no pass.
 
 A pass trains on ``sets.train`` or, with ``align.passes.NAME.data``, on a subset of it cut by
 Kaldi's rules (:func:`asrtrain.data.datadir.subset_data_dir`: ``shortest``, ``first``,
@@ -16,15 +13,12 @@ alignment of its own data (align_si.sh: ``align/<from>_ali_<data>``). The last p
 all of ``sets.train``.
 
 Each pass is an inner step keyed by the stage's resume key and the options of the passes up to
-it (its ``data`` among them): a run killed in ``tri2`` resumes at ``tri2``, a change to
-``tri2`` keeps ``mono`` and ``tri1``, and any change upstream (corpus, lang, MFCCs) reruns them
-all.  Each pass's decoding is
-a step of its own, keyed also by where its acoustic scale is chosen (``score.tune_on``: the test
-set itself, or the dev set, decoded first), so changing that redecodes without retraining.
+it (its ``data`` among them, :func:`pass_chain`): a run killed in ``tri2`` resumes at ``tri2``,
+a change to ``tri2`` keeps ``mono`` and ``tri1``, and any change upstream (corpus, lang, MFCCs)
+reruns them all.
 
-The trainer's per-iteration figures (a JSON line per iteration, about 100 a recipe) and the graph
-sizes go to the stage log only (``log/align.log``); the console gets one line per pass and the
-WER lines.
+The trainer's per-iteration figures (a JSON line per iteration, about 100 a recipe) go to the
+stage log only (``log/align.log``); the console gets one line per pass.
 """
 
 from __future__ import annotations
@@ -56,10 +50,10 @@ def final_alignments(cfg: DictConfig, paths: Paths) -> dict[str, str]:
             "dev": str(paths.align_pass(f"{last}_ali_{cfg.sets.dev}").resolve())}
 
 
-def _step(ctx: StageContext, marker: Path, key: str, what: str, work) -> None:
+def step(ctx: StageContext, marker: Path, key: str, what: str, work) -> None:
     """Run ``work()`` unless ``marker`` holds the same ``key``; write it afterwards."""
     if ctx.step_done(marker, key):
-        log.info("align %s: done already (%s), skipped", what, key)
+        log.info("%s %s: done already (%s), skipped", ctx.stage.name, what, key)
         return
     marker.unlink(missing_ok=True)
     work()
@@ -156,80 +150,6 @@ def _train_pass(ctx: StageContext, name: str, opts: DictConfig) -> None:
              paths.logs / "align.log")
 
 
-def _decode_pass(ctx: StageContext, name: str) -> None:
-    """Decode the test sets with pass ``name``; when the acoustic scale is chosen on the dev
-    set (``score.tune_on``), the dev set first, and its best scale is the test sets' one."""
-    from asrtrain.decode import GmmDecodeConfig, check_tuning_set, tuning_set
-    from asrtrain.decode.graph import make_graph
-    from asrtrain.report import write_results
-
-    cfg, paths = ctx.cfg, ctx.paths
-    out = paths.align_pass(name)
-    if not (out / "graph" / "HCLG.fst").is_file():
-        make_graph(paths.lang, paths.lm, out, out / "graph")
-    options: dict = {}
-    dev = tuning_set(cfg)
-    if dev and len(GmmDecodeConfig.from_config(options).acoustic_scales) > 1:
-        check_tuning_set(paths.mfcc_set(dev), "acoustic scale")
-        best = _decode_set(ctx, name, dev, options, None)["acoustic_scale"]
-        options = {"acoustic_scales": [best]}
-        log.info("align %s: acoustic scale %.4f chosen on %s (held out) for %s", name, best, dev,
-                 ", ".join(cfg.sets.test))
-    else:
-        dev = None
-    for test in cfg.sets.test:
-        _decode_set(ctx, name, str(test), options, dev)
-    write_results(paths.exp)
-
-
-def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
-                tuned_on: str | None) -> dict:
-    """Decode and score one set with pass ``name`` (a SAT pass in two passes, fMLLR between);
-    report and record its WER (Hub5 scoring, as every system's); return the decoder's summary."""
-    from asrtrain.decode import GmmDecodeConfig, note_tuned_on
-    from asrtrain.decode.fmllr import decode_fmllr
-    from asrtrain.decode.graph import decode_gmm
-    from asrtrain.report import chosen_on, record_result
-    from asrtrain.score import describe_scoring, report_wer
-
-    paths = ctx.paths
-    out, data, dec = (paths.align_pass(name), paths.mfcc_set(set_name),
-                      paths.decode_dir(name, set_name))
-    log.info("align %s %s: %s", name, set_name, describe_scoring(data))
-    opts = ctx.cfg.align.passes[name]
-    if pass_type(opts) == "sat":
-        summary = decode_fmllr(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj),
-                               fmllr=_fmllr_options(opts))
-        _log_first_pass(name, set_name, summary)
-    else:
-        summary = decode_gmm(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj))
-    if tuned_on:
-        note_tuned_on(dec, tuned_on)
-    if summary["counts"]:
-        report_wer(set_name, name, summary["counts"], dec / "score")
-        n = len(GmmDecodeConfig.from_config(options).acoustic_scales)
-        record_result(ctx, dec, name, "GMM", set_name, summary["counts"], data,
-                      {"acoustic_scale": summary["acoustic_scale"]},
-                      chosen_on(n, set_name, tuned_on))
-    return summary
-
-
-def _fmllr_options(opts: DictConfig) -> dict:
-    """The pass's options that say how its test-time transforms are estimated (Kaldi's
-    decode_fmllr.sh reads them from the same config as train_sat.sh)."""
-    from asrtrain.decode.fmllr import FMLLR_KEYS
-
-    return {k: opts[k] for k in FMLLR_KEYS if k in opts}
-
-
-def _log_first_pass(name: str, set_name: str, summary: dict) -> None:
-    first, final = summary.get("first_pass", {}).get("wer"), summary.get("wer")
-    if first and final:
-        log.info("align %s %s: WER %.2f%% with the speaker-independent model (first pass), "
-                 "%.2f%% after fMLLR", name, set_name, first["all"]["wer"],
-                 final["all"]["wer"])
-
-
 def _align_dev(ctx: StageContext, last: str, dev: Path, where: dict) -> None:
     """The dev set aligned with the last pass (align_fmllr.sh: with its own transforms when the
     pass is SAT), for the hybrid model's held-out figures and its fMLLR features."""
@@ -257,20 +177,30 @@ def run(ctx: StageContext) -> None:
                                cfg.align.num_pdfs)
     else:
         _run_passes(ctx)  # its per-iteration details go to the stage log only (STAGE_LOG_ONLY)
-    _fmllr_sets(ctx)
+
+
+def pass_chain(cfg: DictConfig) -> list[tuple[str, list]]:
+    """Each pass's name with the chain of passes up to it (``[name, options]`` each, its own
+    last): what its inner step is keyed by (``StageContext.step_key("pass", chain)``), so a
+    change to a pass redoes it and the passes after it, and keeps those before."""
+    passes = OmegaConf.to_container(cfg.align.passes, resolve=True)
+    chain: list = []
+    out = []
+    for name, opts in passes.items():
+        chain = [*chain, [name, opts]]
+        out.append((name, chain))
+    return out
 
 
 def _run_passes(ctx: StageContext) -> None:
-    from asrtrain.decode import tuning_set
-
     cfg, paths = ctx.cfg, ctx.paths
     passes = OmegaConf.to_container(cfg.align.passes, resolve=True)
-    tests = [str(t) for t in cfg.sets.test]
-    chain: list = []
-    for name, opts in cfg.align.passes.items():
+    before: list = []
+    for name, chain in pass_chain(cfg):
+        opts = cfg.align.passes[name]
         data = pass_data(cfg, paths, name)
         if data != paths.mfcc_set(str(cfg.sets.train)):
-            _step(ctx, data / ".done", ctx.step_key("subset", passes[name].get("data")),
+            step(ctx, data / ".done", ctx.step_key("subset", passes[name].get("data")),
                   data.name, lambda name=name, data=data: _write_pass_data(ctx, name, data))
         ali = pass_alignments(cfg, paths, name)
         if ali is not None and ali != paths.align_pass(opts["from"]):
@@ -278,95 +208,35 @@ def _run_passes(ctx: StageContext) -> None:
             # from a SAT pass), keyed by the passes so far and this pass's data
             where = {"nj": int(cfg.get("nj", 1)),
                      "device": passes[opts["from"]].get("device", "cpu")}
-            _step(ctx, ali / ".done",
-                  ctx.step_key("pass data", chain, passes[name].get("data")), ali.name,
+            step(ctx, ali / ".done",
+                  ctx.step_key("pass data", before, passes[name].get("data")), ali.name,
                   lambda name=name, opts=opts, data=data, ali=ali, where=where:
                   _align_with(ctx, opts["from"], data, ali, where))
-        chain.append([name, passes[name]])
         out = paths.align_pass(name)
-        _step(ctx, out / ".done", ctx.step_key("pass", chain), name,
+        step(ctx, out / ".done", ctx.step_key("pass", chain), name,
               lambda name=name, opts=opts: _train_pass(ctx, name, opts))
-        if cfg.align.decode:
-            _step(ctx, out / ".decoded", ctx.step_key("decode", chain, tuning_set(cfg), tests),
-                  f"{name} decoding", lambda name=name: _decode_pass(ctx, name))
+        before = chain
     last = list(passes)[-1]
     dev = Path(final_alignments(cfg, paths)["dev"])
     where = {"nj": int(cfg.get("nj", 1)), "device": passes[last].get("device", "cpu")}
-    _step(ctx, dev / ".done", ctx.step_key("align dev", chain), dev.name,
+    step(ctx, dev / ".done", ctx.step_key("align dev", before), dev.name,
           lambda: _align_dev(ctx, last, dev, where))
 
 
-def fmllr_sets(cfg: DictConfig) -> list[str]:
-    """The sets whose fMLLR feature dirs the stage writes: train, dev and the test sets, when
-    the last pass is SAT or ``align.kaldi_fmllr`` is given; none otherwise."""
-    if not (last_pass_is_sat(cfg) or cfg.align.get("kaldi_fmllr")):
-        return []
-    return [str(cfg.sets.train), str(cfg.sets.dev), *(str(t) for t in cfg.sets.test)]
-
-
-def _fmllr_sets(ctx: StageContext) -> None:
-    """One inner step per set: ``paths.fmllr_set(set)``, from Kaldi's matrices when
-    ``align.kaldi_fmllr`` is given, else from the last (SAT) pass's transforms (keyed by the
-    passes and by how the test sets' transforms were made: decoded or not, the scale chosen
-    where)."""
-    from asrtrain.decode import tuning_set
-
-    cfg, paths = ctx.cfg, ctx.paths
-    kaldi = OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True) \
-        if cfg.align.get("kaldi_fmllr") else None
-    passes = OmegaConf.to_container(cfg.align.passes, resolve=True) \
-        if cfg.align.source == "train" else {}
-    how = [bool(cfg.align.decode), tuning_set(cfg) if cfg.align.decode else None]
-    for set_name in fmllr_sets(cfg):
-        out = paths.fmllr_set(set_name)
-        read = sorted((str(p), ctx.files.get(str(p))) for p in kaldi_fmllr_files(cfg))
-        key = ctx.step_key("fmllr", set_name, kaldi or [list(p) for p in passes.items()], how,
-                           *([read] if read else []))
-        _step(ctx, out / ".done", key, out.name,
-              lambda s=set_name, out=out: _write_fmllr_set(ctx, s, out, kaldi))
-
-
-def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | None) -> None:
-    from asrtrain.decode.fmllr import (
-        import_kaldi_fmllr,
-        read_transforms,
-        undecoded_transforms,
-        write_fmllr_set,
-    )
-
-    cfg, paths = ctx.cfg, ctx.paths
-    data = paths.mfcc_set(set_name)
-    if kaldi is not None:
-        import_kaldi_fmllr(data, out, kaldi, set_name)
-        return
-    last = list(cfg.align.passes)[-1]
-    model_dir = paths.align_pass(last)
-    if set_name == str(cfg.sets.train):
-        trans = read_transforms(model_dir)
-    elif set_name == str(cfg.sets.dev):
-        trans = read_transforms(Path(final_alignments(cfg, paths)["dev"]))
-    elif cfg.align.decode:
-        trans = read_transforms(paths.decode_dir(last, set_name))
-    else:   # no decoding: the first pass and the estimation only, to get the transforms
-        trans = undecoded_transforms(model_dir, model_dir / "graph", data, paths.lang,
-                                    paths.lm, _fmllr_options(cfg.align.passes[last]),
-                                    nj=int(cfg.nj))
-    write_fmllr_set(model_dir, data, out, trans)
-
-
 def kaldi_files(cfg: DictConfig) -> list[Path]:
-    """A Kaldi import's files (``align.source=kaldi``'s alignments, ``align.kaldi_fmllr``'s
-    matrices): they enter the digest by content, so an edited one reruns the stage."""
+    """``align.source=kaldi``'s alignments: they enter the digest by content, so an edited one
+    reruns the stage (``align.kaldi_fmllr``'s matrices are the ``fmllr`` and ``decode_gmm``
+    stages' inputs: :func:`kaldi_fmllr_files`)."""
     out: list[Path] = []
     if cfg.align.get("source") == "kaldi" and cfg.align.get("kaldi_dir"):
         where = Path(str(cfg.align.kaldi_dir))
         out += [where / "num_pdfs", *sorted(where.glob("*.scp")), *sorted(where.glob("*.ark"))]
-    return out + kaldi_fmllr_files(cfg)
+    return out
 
 
 def kaldi_fmllr_files(cfg: DictConfig) -> list[Path]:
-    """``align.kaldi_fmllr``'s files: only the fMLLR feature dirs read them, so they key those
-    steps (``_fmllr_sets``), not the GMM passes (``Stage.step_files``)."""
+    """``align.kaldi_fmllr``'s files, which the fMLLR feature dirs read (by content: an edited
+    one rewrites them)."""
     out: list[Path] = []
     kaldi = cfg.align.get("kaldi_fmllr")
     if kaldi:
@@ -376,20 +246,29 @@ def kaldi_fmllr_files(cfg: DictConfig) -> list[Path]:
     return out
 
 
+def fmllr_sets(cfg: DictConfig) -> list[str]:
+    """The sets that get fMLLR feature dirs (``paths.fmllr_set``): train, dev and the test sets,
+    when the last pass is SAT or ``align.kaldi_fmllr`` is given; none otherwise. The ``fmllr``
+    stage writes train's and dev's, ``decode_gmm`` the test sets' (their transforms come from
+    decoding, as Kaldi's nnet decoding takes them from decode_fmllr.sh's dir)."""
+    if not (last_pass_is_sat(cfg) or cfg.align.get("kaldi_fmllr")):
+        return []
+    return [str(cfg.sets.train), str(cfg.sets.dev), *(str(t) for t in cfg.sets.test)]
+
+
+def fmllr_options(opts: DictConfig) -> dict:
+    """The pass's options that say how its test-time transforms are estimated (Kaldi's
+    decode_fmllr.sh reads them from the same config as train_sat.sh)."""
+    from asrtrain.decode.fmllr import FMLLR_KEYS
+
+    return {k: opts[k] for k in FMLLR_KEYS if k in opts}
+
+
 def check(cfg: DictConfig) -> None:
     if cfg.align.source not in ("train", "kaldi"):
         raise AsrtrainError(f"align.source={cfg.align.source!r}: expected train or kaldi")
     if cfg.align.source == "train":
         _check_passes(cfg)
-    if cfg.align.get("kaldi_fmllr"):
-        from asrtrain.decode.fmllr import check_kaldi_fmllr
-
-        check_kaldi_fmllr(OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True),
-                          fmllr_sets(cfg))
-    if cfg.align.decode:
-        from asrtrain.decode import tuning_set
-
-        tuning_set(cfg)
 
 
 def _check_passes(cfg: DictConfig) -> None:
@@ -422,18 +301,20 @@ def _check_passes(cfg: DictConfig) -> None:
                                 "LDA+MLLT features: start it from an lda_mllt or sat pass")
 
 
+#: ``align``'s keys that only the stages after it read: ``decode`` (``decode_gmm``) and
+#: ``kaldi_fmllr`` (``fmllr``, ``decode_gmm``).
+LATER_KEYS = ("decode", "kaldi_fmllr")
+
+
 def _config(cfg: DictConfig) -> dict:
-    """``align``, with the dev set the passes' acoustic scale is chosen on when it is held out
-    there (``align.tune_on``, resumable: changing it redecodes, it does not retrain)."""
-    from asrtrain.decode import tuning_set
-
+    """``align`` less the keys of the stages after it (:data:`LATER_KEYS`)."""
     align = select(cfg, "align")
-    dev = tuning_set(cfg) if isinstance(align, dict) and align.get("decode") else None
-    return {"align": {**align, "tune_on": dev} if dev else align}
+    if isinstance(align, dict):
+        align = {k: v for k, v in align.items() if k not in LATER_KEYS}
+    return {"align": align}
 
 
-STAGE = Stage("align", run, reads=("mfcc", "lang", "lm"), config=_config, files=kaldi_files,
-              step_files=kaldi_fmllr_files,
-              resumable=("align.passes", "align.tune_on", "align.kaldi_fmllr"), check=check,
-              doc="GMM-HMM passes (mono, tri1..tri4: deltas, LDA+MLLT, SAT), pdf alignments, "
-                  "HCLG decoding of each, fMLLR feature dirs")
+STAGE = Stage("align", run, reads=("mfcc", "lang"), config=_config, files=kaldi_files,
+              resumable=("align.passes",), check=check,
+              doc="GMM-HMM passes (mono, tri1..tri4: deltas, LDA+MLLT, SAT), pdf alignments of "
+                  "the train and dev sets")

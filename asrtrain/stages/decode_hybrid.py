@@ -118,8 +118,10 @@ def _config(cfg: DictConfig) -> dict:
             "hybrid.decode.average_n": choice.average_n, **tuning_config(cfg)}
 
 
-# ``ivectors``: the test sets' i-vectors, when the recipe runs the stage
+# ``ivectors``: the test sets' i-vectors, when the recipe runs the stage; ``decode_gmm``: the
+# last pass's graph (HCLG of the LM now) and the test sets' fMLLR features
 STAGE = Stage("decode_hybrid", run,
-              reads=("train_hybrid", "align", "lm", "lang", "features", "ivectors"),
+              reads=("train_hybrid", "align", "decode_gmm", "lm", "lang", "features",
+                     "ivectors"),
               config=_config, check=check,
               doc="hybrid decoding through HCLG, LM-weight sweep, scoring of the test sets")

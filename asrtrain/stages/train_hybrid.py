@@ -102,8 +102,8 @@ def _settings(cfg: DictConfig) -> dict:
 
 
 # ``ivectors``: the input's i-vectors, read when the recipe runs the stage (a stage absent from a
-# recipe counts as absent); the fMLLR features are the align stage's.
-STAGE = Stage("train_hybrid", run, reads=("align", "features", "ivectors"),
+# recipe counts as absent); ``fmllr``: the train and dev sets' fMLLR features, likewise.
+STAGE = Stage("train_hybrid", run, reads=("align", "fmllr", "features", "ivectors"),
               config=_settings,
               ignored=trainer_keys("trainer")[0], resumable=trainer_keys("trainer")[1],
               check=_check, verify=_verify, checks_first=True,

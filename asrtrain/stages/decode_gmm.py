@@ -1,0 +1,161 @@
+"""Stage ``decode_gmm``: the GMM passes' graphs and decoding, as Kaldi's ``utils/mkgraph.sh`` and
+``steps/decode.sh`` (``steps/decode_fmllr.sh`` for a SAT pass: two passes, see
+:mod:`asrtrain.decode.fmllr`) after each ``train_*.sh``, and the test sets' fMLLR feature dirs.
+
+It reads the passes (``align``), ``lang`` and ``lm``: an ``lm.*`` change rebuilds the graphs and
+redecodes here, and retrains no pass. When ``align.decode`` is set every pass is decoded on the
+test sets and scored; when the acoustic scale is chosen on the dev set (``score.tune_on``), the
+dev set is decoded first and its best scale is the test sets' one. Each pass's graph and decoding
+are inner steps: a run killed after ``tri2``'s decoding resumes at ``tri3``'s.
+
+The last pass's graph is built whatever ``align.decode`` says: the hybrid model decodes through
+it (``decode_hybrid``). When the last pass is SAT (or ``align.kaldi_fmllr`` is given), the test
+sets' speaker transforms come from decoding (Kaldi's nnet decoding takes them from
+decode_fmllr.sh's dir with ``--transform-dir``): this stage writes the test sets' fMLLR feature
+dirs from them (without ``align.decode``: from the first pass and the estimation only). The
+train and dev sets' are the ``fmllr`` stage's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from asrtrain.pipeline import Stage, StageContext
+from asrtrain.stages.align import (
+    final_alignments,
+    fmllr_options,
+    fmllr_sets,
+    kaldi_fmllr_files,
+    pass_chain,
+    pass_type,
+    step,
+)
+
+log = logging.getLogger("asrtrain")
+
+
+def run(ctx: StageContext) -> None:
+    from asrtrain.decode import tuning_set
+    from asrtrain.stages.fmllr import write_fmllr_sets
+
+    cfg, paths = ctx.cfg, ctx.paths
+    tests = [str(t) for t in cfg.sets.test]
+    if cfg.align.source == "train":
+        names = [name for name, _ in pass_chain(cfg)]
+        for name, chain in pass_chain(cfg):
+            if cfg.align.decode or name == names[-1]:
+                _graph(ctx, paths.align_pass(name), chain)
+            if cfg.align.decode:
+                out = paths.align_pass(name)
+                step(ctx, out / ".decoded", ctx.step_key("decode", chain, tuning_set(cfg), tests),
+                     f"{name} decoding", lambda name=name: _decode_pass(ctx, name))
+    elif "decode_hybrid" in cfg.stages:   # Kaldi's model beside its alignments
+        last = Path(final_alignments(cfg, paths)["train"])
+        _graph(ctx, last, ["kaldi"])
+    write_fmllr_sets(ctx, tests)
+
+
+def _graph(ctx: StageContext, model_dir: Path, chain: list) -> None:
+    """``model_dir/graph`` (mkgraph.sh), keyed by the pass and the stage's inputs (lang, lm):
+    a new LM rebuilds it."""
+    from asrtrain.decode.graph import make_graph
+
+    graph = model_dir / "graph"
+    step(ctx, graph / ".done", ctx.step_key("graph", chain), f"{model_dir.name} graph",
+         lambda: make_graph(ctx.paths.lang, ctx.paths.lm, model_dir, graph))
+
+
+def _decode_pass(ctx: StageContext, name: str) -> None:
+    """Decode the test sets with pass ``name``; when the acoustic scale is chosen on the dev
+    set (``score.tune_on``), the dev set first, and its best scale is the test sets' one."""
+    from asrtrain.decode import GmmDecodeConfig, check_tuning_set, tuning_set
+    from asrtrain.report import write_results
+
+    cfg, paths = ctx.cfg, ctx.paths
+    options: dict = {}
+    dev = tuning_set(cfg)
+    if dev and len(GmmDecodeConfig.from_config(options).acoustic_scales) > 1:
+        check_tuning_set(paths.mfcc_set(dev), "acoustic scale")
+        best = _decode_set(ctx, name, dev, options, None)["acoustic_scale"]
+        options = {"acoustic_scales": [best]}
+        log.info("decode_gmm %s: acoustic scale %.4f chosen on %s (held out) for %s", name, best,
+                 dev, ", ".join(cfg.sets.test))
+    else:
+        dev = None
+    for test in cfg.sets.test:
+        _decode_set(ctx, name, str(test), options, dev)
+    write_results(paths.exp)
+
+
+def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
+                tuned_on: str | None) -> dict:
+    """Decode and score one set with pass ``name`` (a SAT pass in two passes, fMLLR between);
+    report and record its WER (Hub5 scoring, as every system's); return the decoder's summary."""
+    from asrtrain.decode import GmmDecodeConfig, note_tuned_on
+    from asrtrain.decode.fmllr import decode_fmllr
+    from asrtrain.decode.graph import decode_gmm
+    from asrtrain.report import chosen_on, record_result
+    from asrtrain.score import describe_scoring, report_wer
+
+    paths = ctx.paths
+    out, data, dec = (paths.align_pass(name), paths.mfcc_set(set_name),
+                      paths.decode_dir(name, set_name))
+    log.info("decode_gmm %s %s: %s", name, set_name, describe_scoring(data))
+    opts = ctx.cfg.align.passes[name]
+    if pass_type(opts) == "sat":
+        summary = decode_fmllr(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj),
+                               fmllr=fmllr_options(opts))
+        _log_first_pass(name, set_name, summary)
+    else:
+        summary = decode_gmm(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj))
+    if tuned_on:
+        note_tuned_on(dec, tuned_on)
+    if summary["counts"]:
+        report_wer(set_name, name, summary["counts"], dec / "score")
+        n = len(GmmDecodeConfig.from_config(options).acoustic_scales)
+        record_result(ctx, dec, name, "GMM", set_name, summary["counts"], data,
+                      {"acoustic_scale": summary["acoustic_scale"]},
+                      chosen_on(n, set_name, tuned_on))
+    return summary
+
+
+def _log_first_pass(name: str, set_name: str, summary: dict) -> None:
+    first, final = summary.get("first_pass", {}).get("wer"), summary.get("wer")
+    if first and final:
+        log.info("decode_gmm %s %s: WER %.2f%% with the speaker-independent model (first "
+                 "pass), %.2f%% after fMLLR", name, set_name, first["all"]["wer"],
+                 final["all"]["wer"])
+
+
+def check(cfg: DictConfig) -> None:
+    from asrtrain.stages.fmllr import check_kaldi_fmllr
+
+    check_kaldi_fmllr(cfg)
+    if cfg.align.decode:
+        from asrtrain.decode import tuning_set
+
+        tuning_set(cfg)
+
+
+def _config(cfg: DictConfig) -> dict:
+    """``align.decode``, the dev set the passes' acoustic scale is chosen on when it is held out
+    there (``align.tune_on``), and ``align.kaldi_fmllr`` when the test sets' fMLLR dirs come
+    from Kaldi's transforms."""
+    from asrtrain.decode import tuning_set
+
+    decode = bool(OmegaConf.select(cfg, "align.decode", default=False))
+    out: dict = {"align.decode": decode}
+    if decode and (dev := tuning_set(cfg)):
+        out["align.tune_on"] = dev
+    if fmllr_sets(cfg) and cfg.align.get("kaldi_fmllr"):
+        out["align.kaldi_fmllr"] = OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True)
+    return out
+
+
+STAGE = Stage("decode_gmm", run, reads=("align", "lang", "lm"), config=_config,
+              files=kaldi_fmllr_files, resumable=("align.decode", "align.tune_on"), check=check,
+              doc="HCLG graphs of the GMM passes, their decoding and scoring (align.decode), "
+                  "the test sets' fMLLR features")

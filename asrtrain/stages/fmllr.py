@@ -1,0 +1,108 @@
+"""Stage ``fmllr``: the speaker-adapted (fMLLR) feature dirs ``paths.fmllr_set(set)`` of the
+train and dev sets, the hybrid model's ``append: [fmllr]`` input (Kaldi's
+``steps/nnet/make_fmllr_feats.sh`` with ``--transform-dir exp/tri4`` and ``exp/tri4_ali_dev``).
+
+They come from the last GMM pass when it is SAT (its training transforms for train, those of its
+alignment of the dev set for dev), or from a Kaldi experiment's ``final.mat`` and ``trans.*``
+(``align.kaldi_fmllr``, read by content); without either the stage writes nothing. The test sets'
+fMLLR dirs need their transforms from decoding, so ``decode_gmm`` writes them (with
+:func:`write_fmllr_sets`), and an ``lm.*`` change never reaches the hybrid model's training.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from asrtrain.pipeline import Stage, StageContext
+from asrtrain.stages.align import (
+    final_alignments,
+    fmllr_options,
+    fmllr_sets,
+    kaldi_fmllr_files,
+    step,
+)
+
+log = logging.getLogger("asrtrain")
+
+
+def run(ctx: StageContext) -> None:
+    cfg = ctx.cfg
+    write_fmllr_sets(ctx, [str(cfg.sets.train), str(cfg.sets.dev)])
+
+
+def write_fmllr_sets(ctx: StageContext, sets: list[str]) -> None:
+    """One inner step per set of ``sets`` that gets fMLLR features (``fmllr_sets``): from Kaldi's
+    matrices when ``align.kaldi_fmllr`` is given, else from the last (SAT) pass's transforms;
+    keyed by the stage's inputs, Kaldi's files, and for a test set how its transforms were made
+    (decoded or not, the scale chosen where)."""
+    from asrtrain.decode import tuning_set
+
+    cfg, paths = ctx.cfg, ctx.paths
+    kaldi = _kaldi(cfg)
+    decode = bool(OmegaConf.select(cfg, "align.decode", default=False))
+    how = [decode, tuning_set(cfg) if decode else None]
+    read = sorted((str(p), ctx.files.get(str(p))) for p in kaldi_fmllr_files(cfg))
+    training = (str(cfg.sets.train), str(cfg.sets.dev))
+    for set_name in fmllr_sets(cfg):
+        if set_name not in sets:
+            continue
+        out = paths.fmllr_set(set_name)
+        key = ctx.step_key("fmllr", set_name, kaldi, None if set_name in training else how,
+                           read)
+        step(ctx, out / ".done", key, out.name,
+             lambda s=set_name, out=out: _write_fmllr_set(ctx, s, out, kaldi))
+
+
+def _kaldi(cfg: DictConfig) -> dict | None:
+    return OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True) \
+        if cfg.align.get("kaldi_fmllr") else None
+
+
+def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | None) -> None:
+    from asrtrain.decode.fmllr import (
+        import_kaldi_fmllr,
+        read_transforms,
+        undecoded_transforms,
+        write_fmllr_set,
+    )
+
+    cfg, paths = ctx.cfg, ctx.paths
+    data = paths.mfcc_set(set_name)
+    if kaldi is not None:
+        import_kaldi_fmllr(data, out, kaldi, set_name)
+        return
+    last = list(cfg.align.passes)[-1]
+    model_dir = paths.align_pass(last)
+    if set_name == str(cfg.sets.train):
+        trans = read_transforms(model_dir)
+    elif set_name == str(cfg.sets.dev):
+        trans = read_transforms(Path(final_alignments(cfg, paths)["dev"]))
+    elif cfg.align.decode:
+        trans = read_transforms(paths.decode_dir(last, set_name))
+    else:   # no decoding: the first pass and the estimation only, to get the transforms
+        trans = undecoded_transforms(model_dir, model_dir / "graph", data, paths.lang,
+                                     paths.lm, fmllr_options(cfg.align.passes[last]),
+                                     nj=int(cfg.nj))
+    write_fmllr_set(model_dir, data, out, trans)
+
+
+def check_kaldi_fmllr(cfg: DictConfig) -> None:
+    """``align.kaldi_fmllr``'s shape, when given (no file is read)."""
+    if cfg.align.get("kaldi_fmllr"):
+        from asrtrain.decode.fmllr import check_kaldi_fmllr as check_shape
+
+        check_shape(_kaldi(cfg), fmllr_sets(cfg))
+
+
+def _config(cfg: DictConfig) -> dict:
+    """``align.kaldi_fmllr`` (when the feature dirs come from Kaldi's matrices)."""
+    return {"align.kaldi_fmllr": _kaldi(cfg)} if fmllr_sets(cfg) and _kaldi(cfg) else {}
+
+
+STAGE = Stage("fmllr", run, reads=("align",), config=_config, files=kaldi_fmllr_files,
+              check=check_kaldi_fmllr,
+              doc="fMLLR feature dirs of the train and dev sets (the last pass's SAT transforms "
+                  "or Kaldi's)")
