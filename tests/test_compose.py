@@ -210,7 +210,8 @@ IBM = ["features@hybrid.features=ibm260", "hybrid.model.name=hybrid_260"]
 # ALIGN_SMALL without its choice of the hybrid input (each test gives its own)
 ALIGN = [o for o in ALIGN_SMALL if not o.startswith("features@hybrid.features=")]
 # The hybrid system alone, without the ivectors stage: the test writes the i-vectors itself.
-HYBRID_STAGES = "stages=[prepare,lang,features,lm,mfcc,align,train_hybrid,decode_hybrid]"
+HYBRID_STAGES = ("stages=[prepare,lang,features,lm,mfcc,align,fmllr,decode_gmm,train_hybrid,"
+                 "decode_hybrid]")
 
 
 def write_tiny_streams(exp: Path, period: int = 10) -> None:
@@ -291,7 +292,8 @@ def test_hybrid_reads_the_ivectors_stage_output(aligned: Path) -> None:
     stage of the recipe that train_hybrid reads; fMLLR still written by the test."""
     exp = aligned
     write_tiny_streams(exp)
-    stages = "stages=[prepare,lang,features,lm,mfcc,align,ivectors,train_hybrid,decode_hybrid]"
+    stages = ("stages=[prepare,lang,features,lm,mfcc,align,fmllr,decode_gmm,ivectors,"
+              "train_hybrid,decode_hybrid]")
     out = asrtrain("run", "recipes/tiny", "--stage", "ivectors", f"exp_dir={exp}", stages,
                    *SMALL, *ALIGN, *HYBRID_SMALL, "features@hybrid.features=ibm260",
                    "hybrid.model.name=hybrid_260_iv")

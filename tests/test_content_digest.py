@@ -63,7 +63,8 @@ def test_a_lexicon_added_reruns_no_ctc_stage(ctc_only) -> None:
     args, exp, mine = ctc_only
     lexicon = f"corpus.lexicon={mine / 'lex.txt'}"
     would, listing = plan(*args, lexicon)
-    assert would == ["lang", "lm", "mfcc", "align", "train_hybrid", "decode_hybrid"], listing
+    assert would == ["lang", "lm", "mfcc", "align", "fmllr", "decode_gmm", "train_hybrid",
+                     "decode_hybrid"], listing
     assert "lang           runs: config changed: corpus.lexicon: None -> " in listing
     data, units = _sums(exp / "data"), (exp / "lang" / "units.model").read_bytes()
     results = (exp / "RESULTS.md").read_text()
@@ -108,9 +109,10 @@ def test_an_edited_transcript_reruns_prepare_and_what_follows(ctc_only) -> None:
 
 
 def test_a_kaldi_import_is_known_by_content(tmp_path: Path) -> None:
-    """align.source=kaldi's alignments and align.kaldi_fmllr's matrices enter align's digest by
-    content (and its inner steps' keys): an edit reruns align and names the file, a touch not;
-    an edited fMLLR import reruns the fMLLR feature dirs only (test_align_sat_stage checks)."""
+    """align.source=kaldi's alignments enter align's digest by content, align.kaldi_fmllr's
+    matrices those of the stages that write fMLLR feature dirs (fmllr, decode_gmm): an edit
+    reruns the stage that reads the file and names it, a touch reruns nothing; an edited fMLLR
+    import leaves the alignments (and the GMM passes) as they were."""
     from test_e2e import REPO
 
     from asrtrain.pipeline import Pipeline
@@ -133,23 +135,22 @@ def test_a_kaldi_import_is_known_by_content(tmp_path: Path) -> None:
         return Pipeline(compose_recipe(REPO / "recipes" / "tiny", args), STAGES)
 
     before = pipeline()
-    assert set(before.files["align"]) == {str(kaldi / "num_pdfs"), str(kaldi / "pdf.1.ark"),
-                                          str(trans / "trans.1"), str(tmp_path / "final.mat")}
+    assert set(before.files["align"]) == {str(kaldi / "num_pdfs"), str(kaldi / "pdf.1.ark")}
+    imported = {str(trans / "trans.1"), str(tmp_path / "final.mat")}
+    assert set(before.files["fmllr"]) == set(before.files["decode_gmm"]) == imported
     os.utime(tmp_path / "final.mat", ns=(1, 10**18))
     assert pipeline().digests == before.digests
     for edited in (kaldi / "pdf.1.ark", trans / "trans.1", tmp_path / "final.mat"):
         edited.write_bytes(edited.read_bytes() + b"!")
         after = pipeline()
-        assert after.digests["align"] != before.digests["align"], edited
-        # the alignments key every inner step; the fMLLR import keys only the fMLLR feature
-        # dirs' steps (through StageContext.files), so the GMM passes are not retrained
-        fmllr = edited != kaldi / "pdf.1.ark"
-        assert (after.resume_key("align") == before.resume_key("align")) == fmllr, edited
-        assert after.files["align"][str(edited)] != before.files["align"][str(edited)]
+        reader = "align" if edited == kaldi / "pdf.1.ark" else "fmllr"
+        assert after.digests[reader] != before.digests[reader], edited
+        assert (after.digests["align"] == before.digests["align"]) == (reader == "fmllr")
+        assert after.files[reader][str(edited)] != before.files[reader][str(edited)]
         assert after.digests["mfcc"] == before.digests["mfcc"]
         assert f"changed: {edited}" in "; ".join(after._why_changed(
-            "align", {"digest": "", "config": before.values["align"],
-                      "inputs": before.inputs["align"], "files": before.files["align"]}))
+            reader, {"digest": "", "config": before.values[reader],
+                     "inputs": before.inputs[reader], "files": before.files[reader]}))
         before = after
 
 
