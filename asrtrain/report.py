@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 RESULT = "result.json"
 RESULTS_MD = "RESULTS.md"
 #: The scoring stages in pipeline order, and the kind of system each scores.
-STAGE_KINDS = {"score": "CTC", "align": "GMM", "decode_hybrid": "hybrid"}
+STAGE_KINDS = {"score": "CTC", "decode_gmm": "GMM", "decode_hybrid": "hybrid"}
 SUBSET_NAMES = {"all": "WER", "swbd": "SWB", "callhm": "CallHome"}
 
 
@@ -145,7 +145,7 @@ def _legacy(exp: Path, score_dir: Path) -> Result | None:
     decode_json = score_dir.parent / "decode.json"
     summary = json.loads(decode_json.read_text()) if decode_json.is_file() else {}
     if "acoustic_scale" in summary:
-        stage, setting = "align", {"acoustic_scale": summary["acoustic_scale"]}
+        stage, setting = "decode_gmm", {"acoustic_scale": summary["acoustic_scale"]}
     elif "lmwt" in summary:
         stage, setting = "decode_hybrid", {"lmwt": summary["lmwt"], "wip": summary["wip"]}
     else:
