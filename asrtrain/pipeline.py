@@ -93,6 +93,8 @@ class StageContext:
     on_start: Callable[[bool], None] | None = None
     parts: dict[str, str] = field(default_factory=dict)   # the digest of each of its parts
     files: dict[str, str] = field(default_factory=dict)   # its input files' content digests
+    inputs: dict[str, str | None] = field(default_factory=dict)  # the digests of what it reads
+    forced: bool = False     # ``--force`` named it (a fresh start may also be an input's rerun)
 
     def start(self, keep_record: bool = False) -> None:
         """The stage has checked its inputs and now changes its outputs: its old record goes
@@ -462,7 +464,8 @@ class Pipeline:
         parts = {p: self.digests[f"{d.stage}:{p}"] for p in self.stages[d.stage].parts}
         return StageContext(self.cfg, self.paths, self.stages[d.stage], self.digests[d.stage],
                             self.resume_key(d.stage), fresh, start, parts,
-                            dict(self.files.get(d.stage, {})))
+                            dict(self.files.get(d.stage, {})), dict(self.inputs[d.stage]),
+                            any(r.startswith("forced") for r in d.reasons))
 
     def record(self, name: str) -> None:
         record = {"digest": self.digests[name], "config": self.values[name],

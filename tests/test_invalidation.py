@@ -19,6 +19,7 @@ from asrtrain.pipeline import Pipeline, run_recipe
 from asrtrain.recipe import compose_recipe
 from asrtrain.stages import STAGES
 from asrtrain.stages.align import pass_chain
+from asrtrain.stages.decode_gmm import pass_keys
 
 ALL = ["prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc", "align",
        "fmllr", "decode_gmm", "ivectors", "train_hybrid", "decode_hybrid"]
@@ -75,34 +76,55 @@ def test_a_lexicon_change_does_not_plan_the_ctc_model(recorded: Path, capsys) ->
 
 
 def test_a_tri4_change_keeps_mono_to_tri3(recorded: Path, capsys) -> None:
-    """A tri4 option reruns align (config changed: not a fresh start), and the records of the
-    passes before it still hold the keys the run computes for them, so they are skipped as
-    "done already"; tri4's is not."""
-    def context(*overrides: str):
+    """A tri4 option reruns align (config changed: not a fresh start): the records of the passes
+    before it still hold the keys the run computes for them, so they are skipped as "done
+    already", and so are their graphs and decodings in decode_gmm (which starts fresh, its input
+    having rerun); tri4's are redone. A new LM redoes every graph and decoding, no pass."""
+    def contexts(*overrides: str):
         cfg = compose_recipe("recipes/tiny", [f"exp_dir={recorded}", *overrides])
         pipeline = Pipeline(cfg, STAGES)
-        align = next(d for d in pipeline.plan() if d.stage == "align")
-        return cfg, pipeline.context(align), align
+        plan = {d.stage: d for d in pipeline.plan()}
+        return cfg, pipeline.context(plan["align"]), pipeline.context(plan["decode_gmm"]), plan
 
-    cfg, ctx, _ = context()
+    def train(cfg, ctx) -> None:   # what align's run leaves: each pass's key in its .done
+        for name, chain in pass_chain(cfg):
+            markers[name].parent.mkdir(parents=True, exist_ok=True)
+            markers[name].write_text(ctx.step_key("pass", chain) + "\n")
+
+    cfg, ctx, decoding, _ = contexts()
     markers = {name: recorded / "align" / name / ".done" for name, _ in pass_chain(cfg)}
     assert list(markers) == ["mono", "tri1", "tri2", "tri3", "tri4"]
-    for name, chain in pass_chain(cfg):   # as align's run leaves them
-        markers[name].parent.mkdir(parents=True, exist_ok=True)
-        markers[name].write_text(ctx.step_key("pass", chain) + "\n")
+    train(cfg, ctx)
+    before = pass_keys(decoding)
+    assert all(graph and decode for graph, decode in before.values())   # align.decode: true
     try:
         change = "align.passes.tri4.num_gauss=1500"
         assert dry_run(recorded, capsys, change) == AFTER_ALIGN
-        cfg, ctx, decision = context(change)
-        assert decision.reasons == ["config changed: align.passes.tri4.num_gauss: 1200 -> 1500"]
-        assert not ctx.fresh
+        cfg, ctx, decoding, plan = contexts(change)
+        assert plan["align"].reasons == [
+            "config changed: align.passes.tri4.num_gauss: 1200 -> 1500"]
+        assert not ctx.fresh and decoding.fresh and not decoding.forced
         done = {name: ctx.step_done(markers[name], ctx.step_key("pass", chain))
                 for name, chain in pass_chain(cfg)}
         assert done == {"mono": True, "tri1": True, "tri2": True, "tri3": True, "tri4": False}
-        # and a tri2 change redoes tri2 and what starts from it
-        cfg, ctx, _ = context("align.passes.tri2.num_leaves=250")
+        train(cfg, ctx)
+        after = pass_keys(decoding)
+        assert [n for n in after if after[n] == before[n]] == ["mono", "tri1", "tri2", "tri3"]
+        # a tri2 change redoes tri2 and what starts from it
+        cfg, ctx, _, _ = contexts("align.passes.tri2.num_leaves=250")
         assert [name for name, chain in pass_chain(cfg)
                 if ctx.step_done(markers[name], ctx.step_key("pass", chain))] == ["mono", "tri1"]
+        # a new LM: every graph and decoding again; --force decode_gmm: likewise
+        cfg, ctx, decoding, _ = contexts(change, "lm.order=2")
+        assert all(ctx.step_done(markers[name], ctx.step_key("pass", chain))
+                   for name, chain in pass_chain(cfg))
+        lm = pass_keys(decoding)
+        assert all(lm[n][0] != after[n][0] and lm[n][1] != after[n][1] for n in after)
+        pipeline = Pipeline(compose_recipe("recipes/tiny", [f"exp_dir={recorded}", change]),
+                            STAGES)
+        forced = {d.stage: d for d in pipeline.plan(force=["decode_gmm"])}["decode_gmm"]
+        keys = pass_keys(pipeline.context(forced))
+        assert all(keys[n][1] != after[n][1] for n in after)
     finally:
         for marker in markers.values():
             marker.unlink()

@@ -50,9 +50,13 @@ def final_alignments(cfg: DictConfig, paths: Paths) -> dict[str, str]:
             "dev": str(paths.align_pass(f"{last}_ali_{cfg.sets.dev}").resolve())}
 
 
-def step(ctx: StageContext, marker: Path, key: str, what: str, work) -> None:
-    """Run ``work()`` unless ``marker`` holds the same ``key``; write it afterwards."""
-    if ctx.step_done(marker, key):
+def step(ctx: StageContext, marker: Path, key: str, what: str, work,
+         whole_key: bool = False) -> None:
+    """Run ``work()`` unless ``marker`` holds the same ``key``; write it afterwards.
+    ``whole_key``: the key names everything the step's result is made from (not only through
+    the stage's resume key), so it holds in a fresh start too (``decode_gmm``'s passes)."""
+    if ctx.step_done(marker, key) or (whole_key and marker.is_file()
+                                      and marker.read_text().strip() == key):
         log.info("%s %s: done already (%s), skipped", ctx.stage.name, what, key)
         return
     marker.unlink(missing_ok=True)

@@ -38,34 +38,70 @@ log = logging.getLogger("asrtrain")
 
 
 def run(ctx: StageContext) -> None:
-    from asrtrain.decode import tuning_set
     from asrtrain.stages.fmllr import write_fmllr_sets
 
     cfg, paths = ctx.cfg, ctx.paths
-    tests = [str(t) for t in cfg.sets.test]
     if cfg.align.source == "train":
-        names = [name for name, _ in pass_chain(cfg)]
-        for name, chain in pass_chain(cfg):
-            if cfg.align.decode or name == names[-1]:
-                _graph(ctx, paths.align_pass(name), chain)
-            if cfg.align.decode:
-                out = paths.align_pass(name)
-                step(ctx, out / ".decoded", ctx.step_key("decode", chain, tuning_set(cfg), tests),
-                     f"{name} decoding", lambda name=name: _decode_pass(ctx, name))
+        for name, (graph, decode) in pass_keys(ctx).items():
+            out = paths.align_pass(name)
+            if graph is not None:
+                _graph(ctx, out, graph)
+            if decode is not None:
+                step(ctx, out / ".decoded", decode, f"{name} decoding",
+                     lambda name=name: _decode_pass(ctx, name), whole_key=not ctx.forced)
     elif "decode_hybrid" in cfg.stages:   # Kaldi's model beside its alignments
         last = Path(final_alignments(cfg, paths)["train"])
-        _graph(ctx, last, ["kaldi"])
-    write_fmllr_sets(ctx, tests)
+        _graph(ctx, last, ctx.step_key("graph", "kaldi"))
+    write_fmllr_sets(ctx, [str(t) for t in cfg.sets.test])
 
 
-def _graph(ctx: StageContext, model_dir: Path, chain: list) -> None:
-    """``model_dir/graph`` (mkgraph.sh), keyed by the pass and the stage's inputs (lang, lm):
+def pass_keys(ctx: StageContext) -> dict[str, tuple[str | None, str | None]]:
+    """Each pass's graph and decoding keys (None: not made), as the inner steps record them:
+    the graph of every pass that is decoded (``align.decode``) and of the last (the hybrid
+    model's), the decoding of each when ``align.decode``."""
+    from asrtrain.decode import tuning_set
+
+    cfg = ctx.cfg
+    tests = [str(t) for t in cfg.sets.test]
+    chains = pass_chain(cfg)
+    out = {}
+    for name, chain in chains:
+        model_dir = ctx.paths.align_pass(name)
+        graph = _pass_key(ctx, model_dir, "graph", chain) \
+            if cfg.align.decode or name == chains[-1][0] else None
+        decode = _pass_key(ctx, model_dir, "decode", chain, tuning_set(cfg), tests) \
+            if cfg.align.decode else None
+        out[name] = (graph, decode)
+    return out
+
+
+def _pass_key(ctx: StageContext, model_dir: Path, *what: object) -> str:
+    """The key of a pass's graph or decoding: the pass as trained (its ``.done`` key, which
+    names everything it was made from), ``lang`` and ``lm`` as they are, and ``what``. So a
+    change to ``tri4`` (align reruns, and this stage starts fresh) keeps the other passes'
+    graphs and decodes, while a new LM or lexicon redoes them all. A forced run redoes all (its
+    key is of its own generation)."""
+    if ctx.forced:
+        return ctx.step_key(*what)
+    import hashlib
+    import json
+
+    done = model_dir / ".done"
+    trained = done.read_text().strip() if done.is_file() else None
+    blob = json.dumps({"pass": trained, "lang": ctx.inputs.get("lang"),
+                       "lm": ctx.inputs.get("lm"), "step": what}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _graph(ctx: StageContext, model_dir: Path, key: str) -> None:
+    """``model_dir/graph`` (mkgraph.sh), keyed by the pass, lang and lm (:func:`_pass_key`):
     a new LM rebuilds it."""
     from asrtrain.decode.graph import make_graph
 
     graph = model_dir / "graph"
-    step(ctx, graph / ".done", ctx.step_key("graph", chain), f"{model_dir.name} graph",
-         lambda: make_graph(ctx.paths.lang, ctx.paths.lm, model_dir, graph))
+    step(ctx, graph / ".done", key, f"{model_dir.name} graph",
+         lambda: make_graph(ctx.paths.lang, ctx.paths.lm, model_dir, graph),
+         whole_key=not ctx.forced)
 
 
 def _decode_pass(ctx: StageContext, name: str) -> None:
