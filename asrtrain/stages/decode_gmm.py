@@ -6,7 +6,9 @@ It reads the passes (``align``), ``lang`` and ``lm``: an ``lm.*`` change rebuild
 redecodes here, and retrains no pass. When ``align.decode`` is set every pass is decoded on the
 test sets and scored; when the acoustic scale is chosen on the dev set (``score.tune_on``), the
 dev set is decoded first and its best scale is the test sets' one. Each pass's graph and decoding
-are inner steps: a run killed after ``tri2``'s decoding resumes at ``tri3``'s.
+are inner steps: a run killed after ``tri2``'s decoding resumes at ``tri3``'s. Their keys name all
+they are made of (:func:`pass_keys`), so when a ``tri4`` change reruns ``align`` the other passes'
+graphs and decodes are kept, fresh start or not.
 
 The last pass's graph is built whatever ``align.decode`` says: the hybrid model decodes through
 it (``decode_hybrid``). When the last pass is SAT (or ``align.kaldi_fmllr`` is given), the test
