@@ -18,7 +18,10 @@ import science  # bench/science.py
 import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
 
+from asrtrain import AsrtrainError
 from asrtrain.distributed import allreduce, gossip, topology
+from asrtrain.distributed.backend import DistributedBackend
+from asrtrain.distributed.registry import SimShape, register_backend
 from asrtrain.simulate import engine
 from asrtrain.simulate.engine import SimConfig, Simulator
 from asrtrain.simulate.speeds import learner_factors
@@ -210,7 +213,6 @@ def test_speed_models_and_their_errors() -> None:
     slow = learner_factors("straggler:2:4", 16, 5)
     assert sorted(slow.tolist()) == [1.0] * 14 + [4.0, 4.0]
     assert (learner_factors("hetero:0.3", 8, 1) == learner_factors("hetero:0.3", 8, 1)).all()
-    from asrtrain import AsrtrainError
     with pytest.raises(AsrtrainError, match="simulate --speed 'fast'"):
         learner_factors("fast", 4, 0)
 
@@ -254,6 +256,45 @@ def test_hadpsgd_nodes_and_reproducible_by_seed() -> None:
     assert ta.epochs[-1]["samples"] == 2 * 10 * 64
     assert ta.epochs[-1]["heldout_loss"] < ta.epochs[0]["heldout_loss"] * 1.5
     assert ta.config["spectral_gap"] == pytest.approx(topology.spectral_gap(16, "exponential", 4))
+
+
+@register_backend("test_pair_sgd")
+class PairSGDBackend(DistributedBackend):
+    """A fourth backend, defined here and not in the package: learners paired into nodes of two
+    that average gradients, the pairs gossiping (H-AD-PSGD's shape). Only its declaration
+    matters to the simulator: no line of asrtrain/simulate names it."""
+
+    lockstep = "node"
+    sim_shape = SimShape(sync="node", gossip=True)
+
+
+def test_a_fourth_backend_is_simulated_from_its_registered_shape() -> None:
+    """The simulator asks the registry: a backend registered in this file with H-AD-PSGD's
+    shape simulates exactly as hadpsgd does; one that is not registered, or declares no shape,
+    is refused in one line naming the registered backends."""
+    assert "test_pair_sgd" not in Path(engine.__file__).read_text()
+    runs = {}
+    for name in ("test_pair_sgd", "hadpsgd"):
+        cfg = SimConfig(8, name, per_node=2, topology="random_ring", jitter=0.2, step_s=0.1,
+                        exchange_s=0.02, log_every=2)
+        sim = Simulator(cfg, SyntheticWorkload(8, 32, 0.05, 1e9))
+        assert len(sim.x) == 4  # one member per pair
+        runs[name] = sim.run()
+    assert runs["test_pair_sgd"].epochs == runs["hadpsgd"].epochs
+    assert runs["test_pair_sgd"].points == runs["hadpsgd"].points
+    assert SimConfig(8, "ssgd").members() == 1 and SimConfig(8, "adpsgd").members() == 8
+    with pytest.raises(AsrtrainError) as bad:
+        SimConfig(4, "nope").check()
+    assert "\n" not in str(bad.value)
+    assert str(bad.value).startswith("simulate: backend 'nope' is not registered: use one of ")
+    assert {"adpsgd", "hadpsgd", "ssgd", "test_pair_sgd"} <= set(
+        str(bad.value).split(": use one of ")[1].split(", "))
+    register_backend("test_shapeless")(type("Shapeless", (DistributedBackend,), {}))
+    with pytest.raises(AsrtrainError, match=r"^simulate: backend 'test_shapeless' .* declares "
+                                            r"no sim_shape"):
+        SimConfig(4, "test_shapeless").check()
+    with pytest.raises(AsrtrainError, match="never meet"):
+        SimShape(sync="learner", gossip=False)
 
 
 def make_exp(out: Path) -> list[str]:

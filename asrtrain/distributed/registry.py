@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from asrtrain import AsrtrainError
@@ -27,6 +28,42 @@ from asrtrain import AsrtrainError
 PACKAGE = "asrtrain.distributed.backends"
 
 _REGISTRY: dict[str, type] = {}
+
+#: The groups a :class:`SimShape` may name: who averages gradients every step.
+SYNC_GROUPS = ("learner", "node", "all")
+
+
+@dataclass(frozen=True)
+class SimShape:
+    """What ``asrtrain simulate`` needs to know of a backend (its class attribute ``sim_shape``).
+
+    ``sync``: the learners that average their gradients every step and so step as one replica:
+    ``"learner"`` (nobody: each learner is its own), ``"node"`` (the ``per_node`` learners of a
+    node) or ``"all"``; such a group is one simulated *member*. ``gossip``: whether the members
+    gossip with each other (the topology's pairwise averaging, :mod:`.gossip`); a backend whose
+    members neither share gradients nor gossip has nothing to simulate. The time model
+    (:mod:`asrtrain.simulate.timing`) charges a ``sync`` group a ring allreduce of the gradients
+    every step and a gossiping member an exchange per partner per round.
+    """
+
+    sync: str
+    gossip: bool
+
+    def __post_init__(self) -> None:
+        if self.sync not in SYNC_GROUPS:
+            raise AsrtrainError(f"SimShape(sync={self.sync!r}): use one of "
+                                f"{', '.join(SYNC_GROUPS)}")
+        if self.sync != "all" and not self.gossip:
+            raise AsrtrainError(f"SimShape(sync={self.sync!r}, gossip=False): members that "
+                                "neither share gradients nor gossip never meet")
+
+    def members(self, learners: int, per_node: int) -> int:
+        """Simulated members among ``learners`` (``per_node`` a node)."""
+        return {"learner": learners, "node": learners // max(per_node, 1), "all": 1}[self.sync]
+
+    def group(self, learners: int, per_node: int) -> int:
+        """Learners that step as one member."""
+        return learners // self.members(learners, per_node)
 
 C = TypeVar("C", bound=type)
 
@@ -75,3 +112,18 @@ def backend_class(name: str) -> type:
         raise AsrtrainError(f"trainer.backend={name!r}: expected one of "
                             f"{', '.join(backend_names())}")
     return _REGISTRY[name]
+
+
+def sim_shape(name: str) -> SimShape:
+    """The simulation shape backend ``name`` declares (its class's ``sim_shape``)."""
+    try:
+        cls = backend_class(name)
+    except AsrtrainError:
+        raise AsrtrainError(f"simulate: backend {name!r} is not registered: use one of "
+                            f"{', '.join(backend_names())}") from None
+    shape = getattr(cls, "sim_shape", None)
+    if not isinstance(shape, SimShape):
+        raise AsrtrainError(f"simulate: backend {name!r} ({cls.__module__}) declares no "
+                            "sim_shape (a registry.SimShape class attribute): it cannot be "
+                            "simulated")
+    return shape

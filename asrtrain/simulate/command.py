@@ -23,8 +23,9 @@ log = logging.getLogger("asrtrain")
 @click.option("--system", type=click.Choice(["hybrid", "ctc"]), default="hybrid",
               show_default=True, help="Which of the recipe's models to train.")
 @click.option("--learners", type=int, required=True, help="Simulated learners (e.g. 16-256).")
-@click.option("--backend", type=click.Choice(["ssgd", "adpsgd", "hadpsgd"]), default=None,
-              help="Default: the recipe's trainer.backend.")
+@click.option("--backend", default=None,
+              help="A registered backend that declares a simulation shape (ssgd, adpsgd, "
+                   "hadpsgd, ...). Default: the recipe's trainer.backend.")
 @click.option("--per-node", type=int, default=None,
               help="hadpsgd: learners per node (default: trainer.per_node).")
 @click.option("--speed", default="equal", show_default=True,

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from asrtrain import AsrtrainError
 from asrtrain.distributed.allreduce import flatten_grads, mean_of_sum_
 from asrtrain.distributed.gossip import gossip_change
+from asrtrain.distributed.registry import SimShape, sim_shape
 from asrtrain.distributed.topology import Schedule, spectral_gap
 from asrtrain.simulate import speeds
 from asrtrain.simulate.timing import (
@@ -52,8 +53,6 @@ from asrtrain.simulate.timing import (
 )
 
 log = logging.getLogger(__name__)
-
-BACKENDS = ("ssgd", "adpsgd", "hadpsgd")
 
 
 class Workload(Protocol):
@@ -106,21 +105,24 @@ class SimConfig:
     sync_every: int = 0
     read_at_start: bool = True
 
+    def shape(self) -> SimShape:
+        """What the backend declares to the registry (:class:`~asrtrain.distributed.registry.
+        SimShape`); an unregistered backend is refused naming the registered ones."""
+        return sim_shape(self.backend)
+
     def members(self) -> int:
-        """Gossip members: learners (adpsgd), nodes (hadpsgd), one (ssgd)."""
-        return {"ssgd": 1, "adpsgd": self.learners}.get(self.backend,
-                                                          self.learners // self.per_node)
+        """Simulated members: learners (adpsgd), nodes (hadpsgd), one (ssgd), as the backend's
+        shape says."""
+        return self.shape().members(self.learners, self.per_node)
 
     def per_member(self) -> int:
         return self.learners // self.members()
 
     def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise AsrtrainError(f"simulate: backend {self.backend!r}: use one of "
-                                f"{', '.join(BACKENDS)}")
+        shape = self.shape()
         if self.learners < 1:
             raise AsrtrainError(f"simulate: learners={self.learners}: need at least one")
-        if self.backend == "hadpsgd" and (self.per_node < 1 or self.learners % self.per_node):
+        if shape.sync == "node" and (self.per_node < 1 or self.learners % self.per_node):
             raise AsrtrainError(f"simulate: per_node={self.per_node} does not divide the "
                                 f"{self.learners} learners into nodes")
         for key in ("step_s", "idle_s"):
@@ -172,7 +174,7 @@ class Simulator:
                                        "spectral_gap": self._gap()})
 
     def _gap(self) -> float | None:
-        if self.cfg.backend == "ssgd" or self.cfg.learners < 2:
+        if self.cfg.members() < 2:
             return None
         return spectral_gap(self.cfg.learners, self.cfg.topology, self.cfg.per_member(),
                             self.cfg.seed)

@@ -23,7 +23,7 @@ from asrtrain.distributed.gossip import (
     gossip_group_backend,
     start_gossip_group,
 )
-from asrtrain.distributed.registry import register_backend
+from asrtrain.distributed.registry import SimShape, register_backend
 from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
 
@@ -33,6 +33,7 @@ class ADPSGDBackend(DistributedBackend):
     """AD-PSGD over all learners (one gossip member per learner)."""
 
     lockstep = "none"
+    sim_shape = SimShape(sync="learner", gossip=True)
     gossip: Gossip | None = None
 
     def create_groups(self) -> None:

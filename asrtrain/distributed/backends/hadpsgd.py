@@ -29,7 +29,7 @@ from asrtrain.distributed.gossip import (
     gossip_group_backend,
     start_gossip_group,
 )
-from asrtrain.distributed.registry import register_backend
+from asrtrain.distributed.registry import SimShape, register_backend
 from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
 
@@ -39,6 +39,7 @@ class HADPSGDBackend(DistributedBackend):
     """Super-learners of ``per_node`` learners (gradient allreduce) gossiping through leaders."""
 
     lockstep = "node"
+    sim_shape = SimShape(sync="node", gossip=True)
     gossip: Gossip | None = None
     reduce: GradientAllreduce | None = None
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from asrtrain.distributed.allreduce import GradientAllreduce
 from asrtrain.distributed.backend import DistributedBackend
-from asrtrain.distributed.registry import register_backend
+from asrtrain.distributed.registry import SimShape, register_backend
 
 
 @register_backend("ssgd")
@@ -23,6 +23,7 @@ class SSGDBackend(DistributedBackend):
     """Synchronous SGD over all learners."""
 
     lockstep = "all"
+    sim_shape = SimShape(sync="all", gossip=False)
 
     def attach(self) -> None:
         self.reduce = GradientAllreduce(self.comm, self.params, None, self.world_size)
