@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tqdm import tqdm
-
 from asrtrain import AsrtrainError
+from asrtrain.progress import Bar
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +204,7 @@ def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: 
 
         return run_slurm_jobs(_Job(fn, jobs.threads), args, jobs, desc)
     if in_process or len(args) == 1 or jobs.nj == 1:
-        return [fn(a) for a in tqdm(args, desc=desc, unit="job", file=sys.stderr,
+        return [fn(a) for a in Bar(args, desc=desc, unit="job", file=sys.stderr,
                                     disable=None if len(args) > 1 else True, leave=False)]
     own = pool is None
     if own:
@@ -224,7 +223,7 @@ def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: 
 def _run_pooled(fn: Callable[[_A], _R], args: list[_A], executor: ProcessPoolExecutor,
                 desc: str) -> list[_R]:
     out: list[Any] = [None] * len(args)
-    with tqdm(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
+    with Bar(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
               leave=False) as bar:
         futures = {executor.submit(fn, a): i for i, a in enumerate(args)}
         for fut in as_completed(futures):

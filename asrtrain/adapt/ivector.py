@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
-from tqdm import tqdm
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
+from asrtrain.progress import Bar
 
 log = logging.getLogger(__name__)
 LOG_2PI = math.log(2 * math.pi)
@@ -147,7 +147,7 @@ def train_diag_ubm(x: torch.Tensor, num_gauss: int = 512, num_gauss_init: int = 
     half = max(1, num_iters_init // 2)
     inc = max(1, math.ceil((num_gauss - init) / half))
     history = []
-    bar = tqdm(total=num_iters_init + num_iters, desc="diag UBM", unit="iter", file=sys.stderr,
+    bar = Bar(total=num_iters_init + num_iters, desc="diag UBM", unit="iter", file=sys.stderr,
                disable=None, leave=False)
     for it in range(num_iters_init + num_iters):
         data = sub if it < num_iters_init else x
@@ -619,7 +619,7 @@ def train_ivector_extractor(ubm: DiagUbm,
     ext = IvectorExtractor.init_from_ubm(ubm, cfg.ivector_dim, cfg.seed)
     totals: tuple[torch.Tensor, torch.Tensor] | None = None
     history = []
-    for it in tqdm(range(cfg.num_iters), desc="i-vector extractor", unit="iter",
+    for it in Bar(range(cfg.num_iters), desc="i-vector extractor", unit="iter",
                    file=sys.stderr, disable=None, leave=False):
         t0 = time.time()
         acc, seen = _accumulate_blocks(ext, ubm, blocks, cfg.posteriors, totals is None)

@@ -28,7 +28,6 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.adapt.lda import apply_transform
@@ -49,6 +48,7 @@ from asrtrain.features.reader import FeatureReader
 from asrtrain.features.transform import add_deltas
 from asrtrain.fileio import atomic_ark, atomic_open, write_text
 from asrtrain.lang.lexicon import Lang
+from asrtrain.progress import Bar
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def read_utterances(data_dir: Path, lang: Lang) -> tuple[list[Utterance], dict[s
     data = reader.data
     words, skipped = transcripts(data, lang)
     out = [Utterance(utt, words[utt], reader[utt], data.utt2spk[utt])
-           for utt in tqdm(words, desc=f"reading {Path(data_dir).name}", unit="utt",
+           for utt in Bar(words, desc=f"reading {Path(data_dir).name}", unit="utt",
                            file=sys.stderr, disable=None, leave=False)]
     return out, skipped
 
@@ -472,7 +472,7 @@ def align_graphs(gmm: DiagGmmSet, graphs: list[HmmGraph], feats: list[torch.Tens
 
 
 def _align_shard(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
-                 cache: GraphCache, bar: tqdm | None = None) -> _ShardResult:
+                 cache: GraphCache, bar: Bar | None = None) -> _ShardResult:
     """Align ``utts`` in batches of about ``batch_frames`` frames, shortest first."""
     device = torch.device(cfg.get("device", "cpu"))
     gmm = model.gmm.to(device)
@@ -530,7 +530,7 @@ def _shard_job(a: _ShardJob) -> _ShardResult:
 
 
 def _align_parallel(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
-                    cache: GraphCache, nj: int, bar: tqdm) -> list[_ShardResult]:
+                    cache: GraphCache, nj: int, bar: Bar) -> list[_ShardResult]:
     """``nj`` jobs (:func:`asrtrain.jobs.run_jobs`) over shards of utterances held in memory
     (every nj-th by length, so the shards are alike), each sent its utterances and the graphs
     already compiled for them; they return the alignments and the graphs they compiled (kept
@@ -568,7 +568,7 @@ def align(model: AcousticModel, lang: Lang, utts: list[Utterance], cfg: Mapping,
     nj = min(int(cfg.get("nj", 1)), len(utts))
     if torch.device(cfg.get("device", "cpu")).type != "cpu":
         nj = 1
-    with tqdm(total=len(utts), desc=desc, unit="utt", file=sys.stderr, disable=None,
+    with Bar(total=len(utts), desc=desc, unit="utt", file=sys.stderr, disable=None,
               leave=False) as bar:
         if nj > 1:
             parts = _align_parallel(model, lang, utts, cfg, cache, nj, bar)

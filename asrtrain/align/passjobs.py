@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.adapt.lda import LdaStats
@@ -68,6 +67,7 @@ from asrtrain.align.model import (
 from asrtrain.align.tree import TreeStats
 from asrtrain.fileio import atomic_ark, atomic_open
 from asrtrain.lang.lexicon import Lang
+from asrtrain.progress import Bar
 
 
 @dataclass
@@ -485,7 +485,7 @@ def iter_job(a: IterJob) -> IterResult:
         out.transforms = {}
     reports: list[dict] = []
 
-    def stream(writers: dict[str, _PartWriter], bar: tqdm
+    def stream(writers: dict[str, _PartWriter], bar: Bar
                ) -> Iterator[tuple[Utterance, np.ndarray, np.ndarray]]:
         """The part's aligned utterances, batch by batch: ``(utterance with the pass's
         features, phone-state alignment, unadapted features)``."""
@@ -551,7 +551,7 @@ def iter_job(a: IterJob) -> IterResult:
             writers["ali_phone_state"] = _PartWriter(a.part, "ali_phone_state", stack)
         if a.align == "viterbi" and "final" in a.what:
             writers["ali"] = _PartWriter(a.part, "ali", stack)
-        bar = stack.enter_context(tqdm(
+        bar = stack.enter_context(Bar(
             total=len(a.part.utts), desc=a.progress, unit="utt", file=sys.stderr,
             disable=None if a.progress and a.align == "viterbi" else True, leave=False))
         items = stream(writers, bar)

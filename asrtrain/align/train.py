@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import kaldiio
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.adapt.lda import estimate_lda
@@ -72,6 +71,7 @@ from asrtrain.data.datadir import DataDir
 from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.jobs import JobConfig, JobPool, run_jobs, split_by_speaker
 from asrtrain.lang.lexicon import Lang
+from asrtrain.progress import Bar
 
 if TYPE_CHECKING:
     from asrtrain.align.sat import _FmllrHook
@@ -317,7 +317,7 @@ def _train_iters(model: AcousticModel, pj: _PassJobs, cfg: GmmConfig, target_gau
     device = torch.device(cfg.device)
     num_gauss = model.gmm.num_gauss()
     inc = max(0, (target_gauss - num_gauss) // max(cfg.max_iter_inc, 1))
-    bar = tqdm(total=cfg.num_iters + 1, desc=plog.name, unit="iter", file=sys.stderr,
+    bar = Bar(total=cfg.num_iters + 1, desc=plog.name, unit="iter", file=sys.stderr,
                disable=None, leave=False)
     for it in range(1, cfg.num_iters + 1):
         t0 = time.time()

@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
+
+from asrtrain.progress import Bar
 
 KEY_PDF_CLASS = -1
 LOG_2PI = math.log(2 * math.pi)
@@ -321,7 +322,7 @@ def build_tree(stats: TreeStats, root_of: dict[int, int], phone_questions: list[
                 heapq.heappush(heap, (-b[0], len(nodes) - 1, b[1], b[2]))
     start_objective = objective
     leaves = len(roots)
-    bar = tqdm(total=num_leaves, initial=leaves, desc="tree", unit="leaf", file=sys.stderr,
+    bar = Bar(total=num_leaves, initial=leaves, desc="tree", unit="leaf", file=sys.stderr,
                disable=None, leave=False)
     while heap and leaves < num_leaves:
         neg_gain, node, key, q = heapq.heappop(heap)

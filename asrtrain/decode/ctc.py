@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from asrtrain.data.datadir import read_utt2dur, write_table
 from asrtrain.features.reader import FeatureReader, length_batches
@@ -23,6 +22,7 @@ from asrtrain.fileio import atomic_open
 from asrtrain.lang.bpe import Units
 from asrtrain.models.checkpoint import load_model
 from asrtrain.models.ctc import greedy_units
+from asrtrain.progress import Bar
 
 __all__ = ["TimedWord", "decode_data_dir", "greedy_units", "units_to_words", "write_ctm"]
 
@@ -96,7 +96,7 @@ def decode_data_dir(model_path, units_path, data_dir, out_dir, batch_frames: int
     t0 = time.time()
     frames = 0
     utts = reader.utts
-    bar = tqdm(total=len(utts), desc=f"decode {data_dir.name}", unit="utt", file=sys.stderr,
+    bar = Bar(total=len(utts), desc=f"decode {data_dir.name}", unit="utt", file=sys.stderr,
                disable=None, leave=False)
     for idx in length_batches([reader.num_frames[u] for u in utts], batch_frames):
         batch = [utts[i] for i in idx]

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import kaldiio
 import numpy as np
-from tqdm import tqdm
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.align.model import (
@@ -66,6 +65,7 @@ from asrtrain.features.reader import FeatureReader
 from asrtrain.fileio import atomic_ark, atomic_dir, write_text
 from asrtrain.jobs import JobConfig
 from asrtrain.lang.lexicon import Lang
+from asrtrain.progress import Bar
 from asrtrain.score import counts_json
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def _write_adapted(mfcc_dir: Path, out_dir: Path,
         _copy_tables(mfcc_dir, tmp)
         ark = tmp.resolve() / "feats.ark"
         with atomic_ark(ark, tmp / "feats.scp") as w:
-            for utt in tqdm(data.utts, desc=f"fMLLR features {out_dir.name}", unit="utt",
+            for utt in Bar(data.utts, desc=f"fMLLR features {out_dir.name}", unit="utt",
                             file=sys.stderr, disable=None, leave=False):
                 x = adapt_features(features(reader[utt]), trans[data.utt2spk[utt]])
                 if len(x) != data.utt2num_frames[utt]:

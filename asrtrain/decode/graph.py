@@ -40,7 +40,6 @@ import kaldi_decoder
 import kaldifst
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.align.graph import scale_transitions
@@ -58,6 +57,7 @@ from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.lexicon import Lang
 from asrtrain.lang.phones import SymbolTable
+from asrtrain.progress import Bar
 from asrtrain.score import counts_json
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def make_graph(lang_dir: Path, lm_dir: Path, model_dir: Path, graph_dir: Path,
     lang = Lang.read(lang_dir)
     model = AcousticModel.load(model_dir)
     # each step is one opaque call into OpenFst: the bar names the one running
-    bar = tqdm(total=3, desc=f"HCLG {Path(model_dir).name}", unit="step", file=sys.stderr,
+    bar = Bar(total=3, desc=f"HCLG {Path(model_dir).name}", unit="step", file=sys.stderr,
                disable=None, leave=False, postfix="LG = min(det(L o G))")
     L = kaldifst.StdVectorFst.read(str(lang_dir / "L_disambig.fst"))
     G = kaldifst.StdVectorFst.read(str(lm_dir / "G.fst"))
@@ -378,7 +378,7 @@ def search_gmm(model: AcousticModel, graph: Graph, utts: list[Utterance], c: Gmm
     tstate_pdf = graph.tstate_pdf
     out: dict[float, dict[str, list[str]]] = {scale: {} for scale in c.acoustic_scales}
     paths: dict[str, np.ndarray] = {}
-    bar = tqdm(total=len(c.acoustic_scales) * len(utts), desc="decode", unit="utt",
+    bar = Bar(total=len(c.acoustic_scales) * len(utts), desc="decode", unit="utt",
                file=sys.stderr, disable=None, leave=False)
     for u in utts:
         tstate_ll = gmm.loglikes(torch.from_numpy(u.feats).to(device)).cpu()[:, tstate_pdf]

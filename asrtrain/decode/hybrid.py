@@ -38,7 +38,6 @@ import kaldifst
 import numpy as np
 import torch
 from kaldifst.lib._kaldifst import _ArcIteratorLattice
-from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_utt2dur
@@ -55,6 +54,7 @@ from asrtrain.features.reader import FeatureReader, appended_streams, chunk_star
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.phones import PhoneSet
 from asrtrain.models.checkpoint import ModelCheckpoint
+from asrtrain.progress import Bar
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _decode_share(args: tuple) -> tuple[dict, dict]:
                                ckpt.chunk or 21, c.prior_scale, c.acoustic_scale,
                                c.batch_chunks, device)
     # one step of the bar: an utterance through the network and the search (lattice and sweep)
-    searched = tqdm(loglikes, total=len(utts), desc=f"decode {Path(data_dir).name}",
+    searched = Bar(loglikes, total=len(utts), desc=f"decode {Path(data_dir).name}",
                     unit="utt", file=sys.stderr, disable=None if here else True, leave=False)
     hyps, stats = decode_sweep(searched, graph, c.settings(), c, ckpt.frame_shift)
     stats["cpu_seconds"] = round(time.process_time() - cpu0, 2)
@@ -454,7 +454,7 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     scored = {}
-    for s in tqdm(settings, desc="score sweep", unit="setting", file=sys.stderr, disable=None,
+    for s in Bar(settings, desc="score sweep", unit="setting", file=sys.stderr, disable=None,
                   leave=False):
         scored.update(score_candidates({s: (_words(hyps[s]), hyps[s])}, data, data_dir))
     rows = [{"lmwt": lmwt, "wip": wip, "wer": counts_json(scored[(lmwt, wip)])}

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.data.datadir import DataDir, read_table, write_table
@@ -28,6 +27,7 @@ from asrtrain.features.ark import load_matrix
 from asrtrain.features.transform import cmvn_stats
 from asrtrain.fileio import atomic_ark, write_text
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
+from asrtrain.progress import Bar
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def _extract_job(args: tuple) -> JobResult:
     durations: dict[str, float] = {}
     short: dict[str, int] = {}
     t0 = time.time()
-    bar = tqdm(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
+    bar = Bar(total=len(data.utt2spk), desc=f"{opts.kind} (job {job})", unit="utt",
                disable=None if show_progress else True, leave=False, file=sys.stderr)
     try:
         with contextlib.ExitStack() as stack:

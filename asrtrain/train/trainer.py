@@ -45,13 +45,13 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import Backend
 from asrtrain.models import build_model
 from asrtrain.models.average import read_record, write_record
 from asrtrain.models.precision import autocast, check_precision
+from asrtrain.progress import Bar
 from asrtrain.train import checkpoint
 from asrtrain.train.config import SpecAugment, TrainerConfig
 from asrtrain.train.curves import Curves, plot_curves
@@ -280,7 +280,7 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
                  schedule: LRSchedule) -> _Epoch:
     """The steps of one epoch, from global step ``step``."""
     backend, model, optimizer, tcfg = run.backend, run.model, run.optimizer, run.tcfg
-    bar = tqdm(total=per_epoch, desc=f"epoch {epoch}/{tcfg.epochs}", unit="batch",
+    bar = Bar(total=per_epoch, desc=f"epoch {epoch}/{tcfg.epochs}", unit="batch",
                disable=None if backend.is_main else True, leave=False)  # no bar off a TTY
     t0 = time.time()
     steps = frames = samples = 0
