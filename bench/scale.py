@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import small  # bench/small.py: the suite's small settings
+
 from asrtrain.fileio import atomic_open, write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,27 +57,12 @@ FULL_SIZES = [1.0, 4.0, 16.0]
 TEST_FRACTION = 0.2            # test speech per hour of training speech
 FRAME_S = 0.01
 
-# Small model, trainer and GMM settings (tests/test_e2e.py, tests/test_align_sat_stage.py): the
-# tiny recipe's stages and input (260 dims: fbank + fMLLR of tri4 + i-vectors), small sizes.
-SMALL = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.epochs=1",
-         "trainer.batch_frames=4000", "trainer.log_every=5"]
-ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2",
-               "align.passes.mono.num_iters=4", "align.passes.mono.totgauss=300",
-               "align.passes.mono.realign_iters=[1,2,3]",
-               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
-               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]",
-               "align.passes.tri3.from=tri1",
-               "align.passes.tri3.num_leaves=80", "align.passes.tri3.num_gauss=400",
-               "+align.passes.tri3.num_iters=4", "+align.passes.tri3.realign_iters=[2]",
-               "+align.passes.tri3.mllt_iters=[1,2]",
-               "align.passes.tri4.num_leaves=80", "align.passes.tri4.num_gauss=400",
-               "+align.passes.tri4.num_iters=4", "+align.passes.tri4.realign_iters=[2]",
-               "+align.passes.tri4.fmllr_iters=[1,2]",
-               "stages=[" + ",".join(STAGES) + "]"]
-HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
-                "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
-                "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
-                "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
+# Small model, trainer and GMM settings, the test suite's (recipes/tiny/small.yaml, read by
+# bench/small.py): the tiny recipe's stages and input (260 dims: fbank + fMLLR of tri4 +
+# i-vectors), small sizes; the i-vectors at the recipe's size. nj is the bench's own.
+SMALL = small.overrides("ctc")
+ALIGN_SMALL = [*small.overrides("sat_passes"), "stages=[" + ",".join(STAGES) + "]"]
+HYBRID_SMALL = small.overrides("hybrid")
 
 # Switchboard targets. Hub5'00 ~ 3.8 h of audio, decoded whatever the training set.
 TARGET_HOURS = {"swb300": 300.0, "swb2000": 2000.0}
@@ -233,7 +220,7 @@ def recipe_overrides(exp: Path, corpus: Path, manifest: dict, nj: int,
     dev = max(10, manifest["train"]["segments"] // 50)
     return [f"exp_dir={exp}", f"corpus.root={corpus}",
             f"corpus.expected_test_sides={manifest['test']['sides']}", f"corpus.dev_utts={dev}",
-            f"nj={nj}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL, *extra]
+            *SMALL, *ALIGN_SMALL, *HYBRID_SMALL, f"nj={nj}", *extra]
 
 
 def run_size(hours: float, work: Path, args: argparse.Namespace) -> dict:
@@ -401,7 +388,7 @@ def pass_plan(recipe: str) -> list[dict]:
     iterations (each accumulates statistics), from conf/align/swb.yaml and the recipe."""
     from omegaconf import OmegaConf
 
-    from asrtrain.align.train import TRI_DEFAULTS, GmmConfig
+    from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
     from asrtrain.recipe import compose_recipe
 
     cfg = compose_recipe(REPO / "recipes" / recipe)

@@ -131,3 +131,122 @@ def device(request: pytest.FixtureRequest):
     import torch
 
     return torch.device("cuda" if "cuda" in request.keywords else "cpu")
+
+
+# The espeak-ng corpus and its GMM passes, built once a session (they were built once for each
+# module that imported test_align's fixtures): test_align, test_align_adapt, test_align_scale and
+# test_align_jobs_stream read them. The helpers and pass settings stay in the test modules that
+# test them (test_align: speak, make_dict, MONO, TRI; test_align_adapt: TRI3, TRI4). A test that
+# changes a pass's files works on a copy (shutil.copytree(..., symlinks=True)).
+def _one_thread() -> None:
+    """Each pass is trained with one torch thread, as when each module built its own passes
+    right after the corpus (a test run before may have left more; the float sums, and so the
+    passes' models, depend on it)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """4 espeak-ng voices as 4 speakers: 48 training and 16 test utterances, MFCC, a lang dir."""
+    import random
+
+    import torch
+    from test_align import make_dict, speak
+
+    from asrtrain.lang.lexicon import prepare_lang
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("espeak")
+    rng = random.Random(7)
+    out = {"train": speak(root, "train", 48, rng), "test": speak(root, "test", 16, rng),
+           "root": root}
+    prepare_lang(make_dict(root), root / "lang")
+    out["lang"] = root / "lang"
+    return out
+
+
+@pytest.fixture(scope="session")
+def mono(corpus: dict[str, Path]) -> Path:
+    from test_align import MONO
+
+    from asrtrain.align.train import train_mono
+
+    _one_thread()
+    out = corpus["root"] / "exp" / "mono"
+    train_mono(corpus["train"], corpus["lang"], out, MONO)
+    return out
+
+
+@pytest.fixture(scope="session")
+def mono_ali(corpus: dict[str, Path], mono: Path) -> Path:
+    from asrtrain.align import align_data
+
+    _one_thread()
+    out = corpus["root"] / "exp" / "mono_ali"
+    align_data(corpus["train"], corpus["lang"], mono, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tri1(corpus: dict[str, Path], mono_ali: Path) -> Path:
+    from test_align import TRI
+
+    from asrtrain.align.train import train_tri
+
+    _one_thread()
+    out = corpus["root"] / "exp" / "tri1"
+    train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tri3(corpus: dict[str, Path], tri1: Path) -> Path:
+    """LDA+MLLT from tri1 (test_align_adapt's TRI3)."""
+    from test_align_adapt import TRI3
+
+    from asrtrain.align import train_pass
+
+    _one_thread()
+    out = corpus["root"] / "exp" / "tri3"
+    train_pass(corpus["train"], corpus["lang"], tri1, out, TRI3)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tri4(corpus: dict[str, Path], tri3: Path) -> Path:
+    """SAT from tri3 (test_align_adapt's TRI4)."""
+    from test_align_adapt import TRI4
+
+    from asrtrain.align import train_pass
+
+    _one_thread()
+    out = corpus["root"] / "exp" / "tri4"
+    train_pass(corpus["train"], corpus["lang"], tri3, out, TRI4)
+    return out
+
+
+# -------------------------------------------------------------- experiments of the tiny recipe
+#: The data stages and the GMM passes of the tiny recipe (no training stage, no decoding).
+GMM_STAGES = "stages=[prepare,lang,features,lm,mfcc,align]"
+
+
+@pytest.fixture(scope="session")
+def tiny_tri1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny recipe's data stages and its small GMM passes (mono and tri1 of
+    recipes/tiny/small.yaml's tri1 set, nj=2): prepare, lang, features, lm, mfcc, align, run
+    once a session through the CLI. Read-only: a test that adds to it or changes it copies it
+    first (``shutil.copytree(tiny_tri1, dest, symlinks=True)``: a moved exp dir is rewritten to
+    its new place on its next run)."""
+    import subprocess
+
+    import small  # bench/small.py
+
+    exp = tmp_path_factory.mktemp("tiny_tri1") / "exp"
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                           f"exp_dir={exp}", GMM_STAGES, *small.overrides("tri1"), "nj=2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return exp

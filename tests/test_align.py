@@ -22,13 +22,13 @@ from asrtrain import AsrtrainError
 from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.graph import HmmGraph, hmm_graph, phone_graph
 from asrtrain.align.model import STATE_BITS, AcousticModel, frame_contexts, load_data
-from asrtrain.align.train import align_data, import_kaldi_alignment, train_mono, train_tri
+from asrtrain.align.train import import_kaldi_alignment, train_mono, train_tri
 from asrtrain.align.tree import TreeStats, build_tree, cluster_phones
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.data.datadir import DataDir
 from asrtrain.decode.graph import decode_gmm, make_graph
 from asrtrain.features.extract import FeatureOptions, compute_features
-from asrtrain.lang.lexicon import Lang, prepare_lang
+from asrtrain.lang.lexicon import Lang
 from asrtrain.lang.ngram import train_lm
 
 WORDS = ("one two three four five six seven eight nine zero yes no hello world the cat dog "
@@ -84,37 +84,8 @@ def make_dict(root: Path) -> Path:
     return dct
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> dict[str, Path]:
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("espeak")
-    rng = random.Random(7)
-    out = {"train": speak(root, "train", 48, rng), "test": speak(root, "test", 16, rng),
-           "root": root}
-    prepare_lang(make_dict(root), root / "lang")
-    out["lang"] = root / "lang"
-    return out
-
-
-@pytest.fixture(scope="session")
-def mono(corpus) -> Path:
-    out = corpus["root"] / "exp" / "mono"
-    train_mono(corpus["train"], corpus["lang"], out, MONO)
-    return out
-
-
-@pytest.fixture(scope="session")
-def mono_ali(corpus, mono) -> Path:
-    out = corpus["root"] / "exp" / "mono_ali"
-    align_data(corpus["train"], corpus["lang"], mono, out)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tri1(corpus, mono_ali) -> Path:
-    out = corpus["root"] / "exp" / "tri1"
-    train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
-    return out
+# corpus, mono, mono_ali and tri1 (speak, make_dict, MONO, TRI) are session fixtures of
+# tests/conftest.py, shared with test_align_adapt, test_align_scale and test_align_jobs_stream.
 
 
 def test_align_data_repeats_the_final_alignment(corpus, mono, mono_ali) -> None:

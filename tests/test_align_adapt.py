@@ -1,14 +1,13 @@
 """LDA+MLLT (tri3), SAT with fMLLR (tri4) and fMLLR alignment on real (espeak-ng) speech.
 
-The corpus, lang, mono and tri1 passes are test_align's session fixtures (imported here): 4
-voices as 4 speakers of 12 training utterances each.  The passes run with few iterations; what
-is checked is what Kaldi's scripts promise: the model's feature pipeline is saved and reused
-(alignment with the saved model repeats the training's final one), MLLT and fMLLR raise their
-objectives, adapted features fit a SAT model better than unadapted ones, transforms are Kaldi
-matrices on disk, and the forked jobs give the alignments of one process.
+The corpus, lang, mono, tri1, tri3 (TRI3) and tri4 (TRI4) passes are session fixtures of
+tests/conftest.py: 4 voices as 4 speakers of 12 training utterances each.  The passes run with
+few iterations; what is checked is what Kaldi's scripts promise: the model's feature pipeline is
+saved and reused (alignment with the saved model repeats the training's final one), MLLT and
+fMLLR raise their objectives, adapted features fit a SAT model better than unadapted ones,
+transforms are Kaldi matrices on disk, and the forked jobs give the alignments of one process.
 """
 
-# ruff: noqa: F811  (test_align's session fixtures, imported, are test arguments here)
 from __future__ import annotations
 
 import filecmp
@@ -22,7 +21,7 @@ import kaldiio
 import numpy as np
 import pytest
 import torch
-from test_align import check_alignment, corpus, mono, mono_ali, tri1  # noqa: F401  (fixtures)
+from test_align import check_alignment
 
 from asrtrain import AsrtrainError
 from asrtrain.align import GmmConfig, align_data, train_pass
@@ -52,20 +51,6 @@ TRI3 = {"type": "lda_mllt", "num_iters": 6, "num_leaves": 120, "num_gauss": 400,
 TRI4 = {"type": "sat", "num_iters": 6, "num_leaves": 120, "num_gauss": 400,
         "realign_iters": [3, 6], "fmllr_iters": [1, 2, 4], "max_iter_inc": 4,
         "min_gaussian_occupancy": 3, "fmllr_min_count": 200, "nj": 2}
-
-
-@pytest.fixture(scope="session")
-def tri3(corpus, tri1) -> Path:
-    out = corpus["root"] / "exp" / "tri3"
-    train_pass(corpus["train"], corpus["lang"], tri1, out, TRI3)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tri4(corpus, tri3) -> Path:
-    out = corpus["root"] / "exp" / "tri4"
-    train_pass(corpus["train"], corpus["lang"], tri3, out, TRI4)
-    return out
 
 
 def _table(scp: Path) -> dict[str, np.ndarray]:

@@ -4,11 +4,10 @@ per batch the passes give the same bytes as with the whole part in one batch —
 trees, models, transforms and ``final.alimdl`` exactly equal, not to a tolerance — because
 every statistic runs through the batches in the part's order into one accumulator.
 
-The corpus, lang, mono, tri1 and tri3 passes are test_align's and test_align_adapt's session
-fixtures (4 voices as 4 speakers of 12 training utterances each).
+The corpus, lang, mono, tri1 and tri3 passes are session fixtures of tests/conftest.py (4
+voices as 4 speakers of 12 training utterances each).
 """
 
-# ruff: noqa: F811  (session fixtures, imported, are test arguments here)
 from __future__ import annotations
 
 import filecmp
@@ -17,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_align import corpus, mono, mono_ali, tri1  # noqa: F401  (fixtures)
-from test_align_adapt import TRI3, TRI4, tri3  # noqa: F401  (fixtures)
+from test_align_adapt import TRI3, TRI4
 
 from asrtrain.align import align_data, train_pass
 from asrtrain.align.model import AcousticModel, read_transforms

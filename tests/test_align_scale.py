@@ -2,8 +2,8 @@
 compiled once per transcript and reused, ``nj`` parallel jobs -- and the same alignments as the
 dense, compile-every-time, one-process code they replace.
 
-The real-speech tests reuse the espeak-ng corpus and GMMs of ``test_align.py`` (its session
-fixtures, imported here).
+The real-speech tests reuse the espeak-ng corpus and mono pass of ``test_align.py`` (session
+fixtures of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from test_align import MONO, corpus, mono  # noqa: F401  (session fixtures)
+from test_align import MONO
 
 from asrtrain.align.bench import random_gmm, time_align_iteration
 from asrtrain.align.gmm import DiagGmmSet, _frames_per_block
@@ -104,7 +104,7 @@ def test_accumulate_is_unchanged_by_the_dead_slots_it_skips() -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(corpus, mono):  # noqa: F811
+def setup(corpus, mono):
     lang = Lang.read(corpus["lang"])
     model = AcousticModel.load(mono)
     utts, _ = load_data(corpus["train"], lang, model.delta_order)

@@ -9,35 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.epochs=1",
-         "trainer.batch_frames=4000", "trainer.log_every=5", "nj=2"]
-# A few GMM iterations are enough to give the hybrid model targets; the full passes are the
-# recipe's (and test_align's) business.
-_GMM_SMALL = ["align.decode=false", "~align.passes.tri2", "align.passes.mono.num_iters=4",
-              "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
-              "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
-              "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]",
-              "ivector.ubm.num_gauss=16", "ivector.ubm.num_iters_init=4",
-              "ivector.ubm.num_iters=2", "ivector.extractor.num_iters=2"]
-# Most tests stop at tri1 and give the hybrid model the 40 log-mel input (no fMLLR, which needs
-# the SAT pass, and no i-vectors; the ivectors stage still runs, small).
-ALIGN_SMALL = [*_GMM_SMALL, "~align.passes.tri3", "~align.passes.tri4",
-               "features@hybrid.features=fbank40"]
-# The recipe as shipped, small: tri3 (LDA+MLLT) and tri4 (SAT) from tri1, whose alignments and
-# fMLLR features, with the i-vectors, make the hybrid model's 260-dim input.
-SAT_PASS = "{from:%s,type:%s,num_leaves:80,num_gauss:400,num_iters:4,realign_iters:[2],%s}"
-SAT_SMALL = [*_GMM_SMALL,
-             "++align.passes.tri3=" + SAT_PASS % ("tri1", "lda_mllt", "mllt_iters:[1,2]"),
-             "++align.passes.tri4=" + SAT_PASS % ("tri3", "sat", "fmllr_iters:[1,2]")]
-HYBRID_SMALL = ["hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
-                "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=32",
-                # A model trained for seconds is unsure of everything: bound the search.
-                "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
-                "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
-
+# The small settings, one place for the suite and bench/: recipes/tiny/small.yaml (bench/small.py
+# reads it). Other test files import these names.
+SMALL = small.overrides("ctc")              # the CTC model and trainer, small; nj=2
+# mono and tri1 only, the hybrid model on the 40 log-mel input (no fMLLR, no i-vectors)
+ALIGN_SMALL = small.overrides("tri1")
+# the recipe as shipped, small: tri3 (LDA+MLLT) and tri4 (SAT) from tri1; the 260-dim input
+SAT_SMALL = small.overrides("sat")
+HYBRID_SMALL = small.overrides("hybrid")
 
 WER_LINE = re.compile(r"^eval2000 (all|swbd|callhm): WER (\d+\.\d+)% \[ (\d+) / (\d+),.*\] (\S+)$",
                       re.M)
@@ -67,7 +50,7 @@ def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
     for system in ("blstm_tiny", "hybrid_tiny"):
         assert wers[system, "all"][1] == wers[system, "swbd"][1] + wers[system, "callhm"][1] > 0
     for stage in ("prepare", "lang", "features", "train", "decode", "score", "lm", "mfcc",
-                  "align", "ivectors", "train_hybrid", "decode_hybrid"):
+                  "align", "fmllr", "decode_gmm", "ivectors", "train_hybrid", "decode_hybrid"):
         assert (exp / ".done" / stage).is_file()
         assert f"stage {stage}" in out.stderr
     assert (exp / "decode" / "blstm_tiny" / "eval2000" / "score" / "ctm.filt.sys").is_file()
