@@ -20,6 +20,8 @@ train and dev sets' are the ``fmllr`` stage's.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -85,9 +87,6 @@ def _pass_key(ctx: StageContext, model_dir: Path, *what: object) -> str:
     key is of its own generation)."""
     if ctx.forced:
         return ctx.step_key(*what)
-    import hashlib
-    import json
-
     done = model_dir / ".done"
     trained = done.read_text().strip() if done.is_file() else None
     blob = json.dumps({"pass": trained, "lang": ctx.inputs.get("lang"),
