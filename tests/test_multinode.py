@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,16 +34,8 @@ HANG_GUARD = 240
 # The recipe without decoding or i-vectors (the hybrid model reads the 40 log-mel features):
 # the two training stages and what they read.
 STAGES = "stages=[prepare,lang,features,train,lm,mfcc,align,train_hybrid]"
-SMALL = ["nj=2", "model.layers=1", "model.cells=48", "model.bottleneck=32",
-         "trainer.epochs=2", "trainer.batch_frames=1500", "trainer.log_every=5",
-         "trainer.timeout_s=30",
-         "align.decode=false", "~align.passes.tri2", "~align.passes.tri3", "~align.passes.tri4",
-         "align.passes.mono.num_iters=4", "align.passes.mono.totgauss=300",
-         "align.passes.mono.realign_iters=[1,2,3]", "align.passes.tri1.num_leaves=60",
-         "align.passes.tri1.num_gauss=300", "+align.passes.tri1.num_iters=4",
-         "+align.passes.tri1.realign_iters=[2]", "features@hybrid.features=fbank40",
-         "hybrid.model.layers=1", "hybrid.model.cells=48", "hybrid.model.bottleneck=32",
-         "hybrid.trainer.epochs=2", "hybrid.trainer.batch_chunks=32"]
+# Both models small, two epochs each: recipes/tiny/small.yaml's two_nodes set (bench/small.py)
+SMALL = small.overrides("two_nodes")
 BACKENDS = {"ssgd": [], "adpsgd": [], "hadpsgd": []}   # hadpsgd: per_node = each agent's 2
 #: The same learners in one agent: hadpsgd's nodes are then made by per_node (else one node of 4,
 #: which is SSGD)
@@ -138,10 +131,10 @@ def _start(nodes: Nodes, k: int, exp: Path, port: int, *args: str) -> subprocess
                                             **nodes.env[k]})
 
 
-def _finish(procs: list[subprocess.Popen]) -> list[str]:
+def _finish(procs: list[subprocess.Popen], guard: float = HANG_GUARD) -> list[str]:
     outs = []
     for p in procs:
-        out, _ = p.communicate(timeout=HANG_GUARD)
+        out, _ = p.communicate(timeout=guard)
         outs.append(out)
     for k, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"node {k}:\n{out[-4000:]}"
@@ -153,16 +146,10 @@ def _one_agent(exp: Path, *args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
                            f"exp_dir={exp}", STAGES, *SMALL, "trainer.learners=4", *args],
                           cwd=REPO,
-                          capture_output=True, text=True, timeout=HANG_GUARD,
+                          capture_output=True, text=True, timeout=HANG_GUARD * 2,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stderr
-
-
-def _two_agents(nodes: Nodes, exp: Path, *args: str) -> list[str]:
-    port = _port()
-    procs = [_start(nodes, k, exp, port, "trainer.learners=2", *args) for k in (1, 0)]
-    return _finish(procs)[::-1]
 
 
 def _checkpoint(run_dir: Path, name: str = "final.pt") -> dict:
@@ -208,69 +195,47 @@ def _compare(two: dict, one: dict, backend: str, loss: str) -> None:
         assert abs(a - b) <= SPREAD * abs(b), (backend, a, b)
 
 
-@pytest.mark.timeout(HANG_GUARD * 4)
+@pytest.mark.timeout(HANG_GUARD * 6)
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_ctc_on_two_nodes_is_the_same_learners_in_one(nodes: Nodes, exp: Path,
-                                                      backend: str) -> None:
-    name = f"ctc_{backend}"
-    args = ["--to", "train", f"trainer.backend={backend}", f"model.name={name}",
-            *BACKENDS[backend]]
+def test_two_nodes_train_the_same_as_the_learners_in_one(nodes: Nodes, exp: Path,
+                                                         backend: str) -> None:
+    """One two-agent ``asrtrain run`` a backend trains both models, CTC then hybrid (node 1 runs
+    the learners of both training stages in turn, waiting for node 0's data and GMM stages in
+    between); one one-agent run of the same 4 learners trains both again, as the reference."""
+    ctc, hybrid = f"ctc_{backend}", f"hybrid_{backend}"
+    args = ["--to", "train_hybrid", f"trainer.backend={backend}", f"model.name={ctc}",
+            f"hybrid.model.name={hybrid}", *BACKENDS[backend]]
     port = _port()
-    # node 1 first, on a fresh exp dir: it waits for node 0's data stages, then joins
+    # node 1 first, on a fresh exp dir (the first backend's): it waits for node 0's data stages,
+    # then joins; before train_hybrid it waits again, for node 0's GMM passes
+    fresh = not (exp / ".done" / "features").is_file()
     first = _start(nodes, 1, exp, port, "trainer.learners=2", *args)
-    node1 = ""
-    if not (exp / ".done" / "features").is_file():
-        node1 = _wait_for_line(first, "waits for node 0 to finish")
+    node1 = _wait_for_line(first, "waits for node 0 to finish") if fresh else ""
     second = _start(nodes, 0, exp, port, "trainer.learners=2", *args)
-    out1, out0 = _finish([first, second])
+    out1, out0 = _finish([first, second], HANG_GUARD * 3)  # prepare..align, two trainings
     out1 = node1 + out1
-    assert "node 1 of 2: stage train: starting this node's 2 learners" in out1
+    for stage in ("train", "train_hybrid"):
+        assert f"node 1 of 2: stage {stage}: starting this node's 2 learners" in out1, stage
+        assert f"stage {stage:<13} done" in out0, stage
     assert " starts: " not in out1 and "stage prepare" not in out1  # node 0 runs the stages
-    assert "stage train         done" in out0
-    log = (exp / "log" / "train.log").read_text()
-    run_dir = exp / "train" / name
-    two = _checkpoint(run_dir)
-    assert two["epoch"] == 2
-    _all_learners_trained(run_dir, two, backend)
+    if fresh:
+        assert "stage train_hybrid waits for node 0 to finish" in out1, out1[-3000:]
+    runs = {"dev_loss": exp / "train" / ctc, "hybrid dev_loss": exp / "train" / hybrid}
+    two = {loss: _checkpoint(run_dir) for loss, run_dir in runs.items()}
+    for loss, run_dir in runs.items():
+        assert two[loss]["epoch"] == 2, loss
+        _all_learners_trained(run_dir, two[loss], backend)
     if backend == "hadpsgd":  # its nodes are the agents, 2 learners each
+        log = (exp / "log" / "train.log").read_text()
         said = [line for line in log.splitlines() if "backend hadpsgd" in line]
         assert "4 learners = 2 nodes x 2" in said[-1], said[-1]
-    ref = f"{name}_one"
-    _one_agent(exp, "--stage", "train", "--to", "train", f"trainer.backend={backend}",
-               f"model.name={ref}", *ONE_AGENT[backend])
-    _compare(two, _checkpoint(exp / "train" / ref), backend, "dev_loss")
+    _one_agent(exp, "--to", "train_hybrid", f"trainer.backend={backend}",
+               f"model.name={ctc}_one", f"hybrid.model.name={hybrid}_one", *ONE_AGENT[backend])
+    _compare(two["dev_loss"], _checkpoint(exp / "train" / f"{ctc}_one"), backend, "dev_loss")
+    _compare(two["hybrid dev_loss"], _checkpoint(exp / "train" / f"{hybrid}_one"), backend,
+             "dev_loss")
     # only node 0 writes records and checkpoints; node 1 held a lock of its own
     assert (exp / ".node1.lock").is_file()
-
-
-@pytest.fixture(scope="module")
-def aligned(exp: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", "stages=[prepare,lang,features,lm,mfcc,align]",
-                           *SMALL, "--to", "align"],
-                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD * 2)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return exp
-
-
-@pytest.mark.timeout(HANG_GUARD * 4)
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_hybrid_on_two_nodes_is_the_same_learners_in_one(nodes: Nodes, aligned: Path,
-                                                         backend: str) -> None:
-    exp = aligned
-    name = f"hybrid_{backend}"
-    args = ["--stage", "train_hybrid", "--to", "train_hybrid", f"trainer.backend={backend}",
-            f"hybrid.model.name={name}", *BACKENDS[backend]]
-    out0, out1 = _two_agents(nodes, exp, *args)
-    assert "node 1 of 2: stage train_hybrid: starting this node's 2 learners" in out1
-    assert "stage train_hybrid  done" in out0
-    two = _checkpoint(exp / "train" / name)
-    assert two["epoch"] == 2
-    _all_learners_trained(exp / "train" / name, two, backend)
-    ref = f"{name}_one"
-    _one_agent(exp, "--stage", "train_hybrid", "--to", "train_hybrid",
-               f"trainer.backend={backend}", f"hybrid.model.name={ref}", *ONE_AGENT[backend])
-    _compare(two, _checkpoint(exp / "train" / ref), backend, "dev_loss")
 
 
 @pytest.mark.timeout(HANG_GUARD * 2)
