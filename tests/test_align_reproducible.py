@@ -21,13 +21,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_align_sat_stage import SAT_SMALL
+import small  # bench/small.py (conftest puts bench/ on the path)
 
 REPO = Path(__file__).resolve().parents[1]
 PASSES = ("mono", "tri1", "tri3", "tri4")
-# test_align_sat_stage's small SAT chain (mono -> tri1 -> tri3 -> tri4), without decoding
-SMALL = [o if o != "align.decode=true" else "align.decode=false" for o in SAT_SMALL]
-STAGES = "stages=[prepare,lang,features,lm,mfcc,align]"
+# the small SAT chain (mono -> tri1 -> tri3 -> tri4), without decoding: recipes/tiny/small.yaml
+SMALL = ["nj=2", *small.overrides("sat_passes")]
+STAGES = "stages=[prepare,lang,features,lm,mfcc,align,fmllr,decode_gmm]"
 
 
 def start(exp: Path, hash_seed: str) -> subprocess.Popen:
