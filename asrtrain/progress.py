@@ -196,6 +196,19 @@ class _Heartbeat:
             clock.last = time.monotonic()   # the line itself resets the clock, logged or not
 
 
+def _after_fork_in_child() -> None:
+    """A forked job starts without the parent's heartbeat: the thread is not copied, and its
+    lock may have been held by that thread at the fork (a job that opened a bar would then wait
+    forever)."""
+    _Heartbeat._lock = threading.Lock()
+    _Heartbeat._bars = []
+    _Heartbeat._clock = None
+    _Heartbeat._thread = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def reset_clock() -> None:
     """A new step begins: the heartbeat counts its silence from now."""
     if _Heartbeat._clock is not None:
