@@ -204,6 +204,11 @@ def _after_fork_in_child() -> None:
     _Heartbeat._bars = []
     _Heartbeat._clock = None
     _Heartbeat._thread = None
+    std = sys.modules.get("tqdm.std")
+    if std is not None:  # the heartbeat writes through tqdm, under tqdm's thread lock
+        std.TqdmDefaultWriteLock.th_lock = threading.RLock()
+        if "_lock" in vars(std.tqdm):
+            std.tqdm.set_lock(std.TqdmDefaultWriteLock())
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
