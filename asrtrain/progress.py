@@ -142,9 +142,15 @@ class _ConsoleClock(logging.Handler):
 
 
 class _Heartbeat:
-    """One daemon thread per process: logs the open bars when the console has been silent."""
+    """One daemon thread per process: logs the open bars when the console has been silent.
 
-    _lock = threading.Lock()
+    Its locks are re-entrant: a bar that the garbage collector finalizes (``tqdm.__del__``
+    closes it) may do so in a thread that holds the lock already.  A fork (a job pool's
+    worker) waits for a heartbeat line being written, and the child starts with fresh locks and
+    no thread, so no child inherits a lock held by a thread it does not have."""
+
+    _lock = threading.RLock()
+    _emit_lock = threading.Lock()
     _bars: list[weakref.ref[Bar]] = []   # open bars, outermost first; closed ones pruned
     _clock: _ConsoleClock | None = None
     _thread: threading.Thread | None = None
@@ -192,8 +198,24 @@ class _Heartbeat:
                 line = " › ".join(b.status() for b in bars)
             except Exception:  # noqa: BLE001 - a bar closed under us: next tick
                 continue
-            log.info("still working: %s", line)
+            with cls._emit_lock:
+                log.info("still working: %s", line)
             clock.last = time.monotonic()   # the line itself resets the clock, logged or not
+
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        cls._lock = threading.RLock()
+        cls._emit_lock = threading.Lock()
+        cls._bars = []
+        cls._thread = None
+        if cls._clock is not None:
+            logging.getLogger().removeHandler(cls._clock)
+            cls._clock = None
+
+
+os.register_at_fork(before=lambda: _Heartbeat._emit_lock.acquire(),
+                    after_in_parent=lambda: _Heartbeat._emit_lock.release(),
+                    after_in_child=_Heartbeat._after_fork_in_child)
 
 
 def _after_fork_in_child() -> None:

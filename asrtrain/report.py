@@ -183,11 +183,35 @@ def _setting(r: Result) -> str:
 def _chosen(r: Result) -> str:
     if r.chosen_on is None:
         return "–"
-    if r.chosen_on == "config":
+    return chosen_words(r.set, r.chosen_on)
+
+
+def chosen_words(set_name: str, chosen_on: str) -> str:
+    """The one wording of where a decode's setting came from, for RESULTS.md's *chosen on*
+    column, the decode logs and ``decode.json`` alike: ``eval2000 itself (optimistic)`` (the
+    best of the settings on the scored set, Kaldi's habit), ``train_dev (held out)`` (the best
+    on the dev set, then fixed for the test sets: ``score.tune_on``), ``fixed by the config``."""
+    if chosen_on == "config":
         return "fixed by the config"
-    if r.chosen_on == r.set:
-        return f"{r.set} itself (optimistic)"
-    return f"{r.chosen_on} (held out)"
+    if chosen_on == set_name:
+        return f"{set_name} itself (optimistic)"
+    return f"{chosen_on} (held out)"
+
+
+def selection(set_name: str, n_settings: int, tuned_on: str | None = None) -> str:
+    """A decoder's sentence for where its setting came from (``chosen_words``, with the number
+    of settings it chose among)."""
+    where = chosen_on(n_settings, set_name, tuned_on)
+    if where == "config":
+        return chosen_words(set_name, where)
+    among = f", the best of {n_settings}" if where == set_name else ""
+    return f"chosen on {chosen_words(set_name, where)}{among}"
+
+
+def _subsets(results: Sequence[Result]) -> list[str]:
+    """The subset columns to show: SWB and CallHome only where a scored set has them (Hub5
+    scoring of an eval2000-style set); a plain corpus shows its WER alone."""
+    return ["all"] + [s for s in ("swbd", "callhm") if any(s in r.wer for r in results)]
 
 
 def _digest(r: Result, current: Mapping[str, str | None]) -> str:
@@ -207,17 +231,19 @@ def _current_digests(exp: Path) -> dict[str, str | None]:
 def results_markdown(exp: Path, results: Sequence[Result]) -> str:
     """``RESULTS.md``: a short preamble, then one row per scored decode dir."""
     current = _current_digests(exp)
-    header = ["system", "kind", "set", "WER", "SWB", "CallHome", "sub / del / ins", "words",
-              "setting", "chosen on", "model decoded", "stage digest", "date"]
-    rows = [[r.system, r.kind, r.set, _wer(r, "all"), _wer(r, "swbd"), _wer(r, "callhm"),
-             _errors(r), str(r.wer.get("all", {}).get("ref_words", "–")), _setting(r),
-             _chosen(r), r.checkpoint or "–", _digest(r, current), r.date or "–"]
+    subsets = _subsets(results)
+    header = ["system", "kind", "set", *(SUBSET_NAMES[s] for s in subsets), "sub / del / ins",
+              "words", "setting", "chosen on", "model decoded", "stage digest", "date"]
+    rows = [[r.system, r.kind, r.set, *(_wer(r, s) for s in subsets), _errors(r),
+             str(r.wer.get("all", {}).get("ref_words", "–")), _setting(r), _chosen(r),
+             r.checkpoint or "–", _digest(r, current), r.date or "–"]
             for r in results]
     lines = [f"# Results: {exp}", "",
              "Every system and GMM pass scored so far, rewritten by each scoring step (the score, "
              "align and decode_hybrid stages); `asrtrain report` prints it. WER in percent: "
              "Hub5 scoring (hubscr.pl's Sum/Avg, with SWB and CallHome) for sets with an stm, "
-             "plain per-utterance WER of the text otherwise. *setting*: the LM weight and "
+             "plain per-utterance WER of the text otherwise (no SWB and CallHome columns when no "
+             "set has them). *setting*: the LM weight and "
              "insertion penalty (hybrid) or acoustic scale (GMM) used; *chosen on*: the test set "
              "itself (Kaldi's habit, an optimistic figure), the dev set (held out: "
              "`score.tune_on`), or the config. *model decoded*: which of the training run's "
@@ -232,10 +258,11 @@ def results_markdown(exp: Path, results: Sequence[Result]) -> str:
 
 def results_text(results: Sequence[Result]) -> str:
     """The short table ``asrtrain run`` ends with (no line starts with a set name)."""
-    header = ["system", "kind", "set", "WER", "SWB", "CallHome", "sub/del/ins", "chosen on"]
-    rows = [header] + [[r.system, r.kind, r.set, _wer(r, "all"), _wer(r, "swbd"),
-                        _wer(r, "callhm"), _errors(r).replace(" ", ""), _chosen(r)]
-                       for r in results]
+    subsets = _subsets(results)
+    header = ["system", "kind", "set", *(SUBSET_NAMES[s] for s in subsets), "sub/del/ins",
+              "chosen on"]
+    rows = [header] + [[r.system, r.kind, r.set, *(_wer(r, s) for s in subsets),
+                        _errors(r).replace(" ", ""), _chosen(r)] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows) + "\n"

@@ -252,7 +252,8 @@ def note_tuned_on(out_dir: Path, dev: str) -> None:
 
     path = Path(out_dir) / "decode.json"
     summary = json.loads(path.read_text())
+    from asrtrain.report import selection
+
     summary["tuned_on"] = dev
-    summary["selection"] = (f"chosen on {dev} (held out) as the best there, then fixed for this "
-                            "set")
+    summary["selection"] = selection(Path(out_dir).name, 1, dev)
     write_text(path, json.dumps(summary, indent=1) + "\n")

@@ -58,6 +58,7 @@ from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.lexicon import Lang
 from asrtrain.lang.phones import SymbolTable
 from asrtrain.progress import Bar
+from asrtrain.report import selection
 from asrtrain.score import counts_json
 
 log = logging.getLogger(__name__)
@@ -301,9 +302,7 @@ def write_decode(model: AcousticModel, lang: Lang, utts: list[Utterance],
     scored = score_candidates({s: (hyps[s], timed[s]) for s in hyps}, data, data_dir)
     if scored:
         best = min(scored, key=lambda s: scored[s]["all"].wer)
-        how = ("fixed by the config" if len(hyps) == 1 else
-               f"the best of {len(hyps)} on {data_dir} itself, as Kaldi's scoring picks the LM "
-               "weight")
+        how = selection(Path(out_dir).name, len(hyps))
     else:
         best, how = c.acoustic_scales[0], "no stm or text to score: the first scale"
     frames = sum(len(u.feats) for u in utts)
@@ -317,8 +316,10 @@ def write_decode(model: AcousticModel, lang: Lang, utts: list[Utterance],
                                                   4),
                "settings": asdict(c), **(extra or {})}
     counts = write_decode_dir(out_dir, hyps[best], timed[best], data, data_dir, summary)
-    log.info("decode %s: acoustic scale %.4f (%s); WER %s; real-time factor %.4f per core, "
-             "%.4f of the wall time with %d jobs", out_dir, best, how,
+    # one setting: where it came from is the stage's to say (the config, or a dev set)
+    log.info("decode %s: acoustic scale %.4f%s; WER %s; real-time factor %.4f per core, "
+             "%.4f of the wall time with %d jobs", out_dir, best,
+             f", {how}" if len(hyps) > 1 else "",
              ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()) or "not scored",
              summary["real_time_factor_per_core"], summary["real_time_factor"], found.jobs)
     return {**summary, "counts": counts}

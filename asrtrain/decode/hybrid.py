@@ -450,6 +450,7 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
     """Score every setting's words with ``score_decode`` (each in a temporary decode dir), keep
     the best (or the only, fixed one); write the decode-dir layout into ``out_dir``; return the
     summary (``decode.json``) with the chosen setting's ``counts``."""
+    from asrtrain.report import selection
     from asrtrain.score import counts_json
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -462,9 +463,7 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
     if rows:
         best = min(rows, key=lambda r: (r["wer"]["all"]["wer"], r["lmwt"], r["wip"]))
         lmwt, wip = best["lmwt"], best["wip"]
-        how = ("fixed by the config" if len(settings) == 1 else
-               f"chosen on {data_dir} itself among {len(settings)} settings, as Kaldi's scoring "
-               "does (an optimistic WER; fix lmwt/wip for a held-out figure)")
+        how = selection(out_dir.name, len(settings))
     else:
         lmwt, wip = settings[len(settings) // 2]
         how = "no stm or text to score: the middle setting of the sweep"
@@ -473,8 +472,10 @@ def score_sweep(hyps: dict[tuple[int, float], dict[str, list[TimedWord]]],
                "sweep": rows}
     counts = write_decode_dir(out_dir, _words(chosen), chosen, data, data_dir, summary)
     if counts:
-        log.info("decode %s: LM weight %d, insertion penalty %.1f %s; WER %s", out_dir, lmwt,
-                 wip, how, ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()))
+        # one setting: where it came from is the stage's to say (the config, or a dev set)
+        log.info("decode %s: LM weight %d, insertion penalty %.1f%s; WER %s", out_dir, lmwt,
+                 wip, f", {how}" if len(settings) > 1 else "",
+                 ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()))
     else:
         log.info("decode %s: %s (lmwt %d, wip %.1f)", out_dir, how, lmwt, wip)
     # the seconds measured from the samples (utt2dur, the features stage's), else the frames'

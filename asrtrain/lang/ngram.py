@@ -13,6 +13,7 @@ import io
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,12 @@ _ARPA2FST = ("import sys, kaldilm; kaldilm.arpa2fst(sys.argv[1], sys.argv[2], "
              "disambig_symbol='#0', read_symbol_table=sys.argv[3])")
 
 
+# kaldilm prefixes each message with the line of its C++ source that logged it, e.g.
+# "/project/kaldilm/csrc/arpa_file_parser.cc:void kaldilm::ArpaFileParser::Read(...):79":
+# a build machine's path, nothing a user can act on; the message line follows it.
+_CXX_SOURCE = re.compile(r"^\S*\.(?:cc|cpp|h):.*:\d+$")
+
+
 def arpa2fst(arpa: Path, fst: Path, symbols: Path) -> None:
     """Write G.fst from ``arpa`` with kaldilm, in a child process.
 
@@ -122,7 +129,8 @@ def arpa2fst(arpa: Path, fst: Path, symbols: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", _ARPA2FST, str(arpa), str(fst), str(symbols)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           errors="replace")
-    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines()
+             if ln.strip() and not _CXX_SOURCE.match(ln)]
     for line in lines:
         log.info("kaldilm: %s", line, extra=STAGE_LOG_ONLY)
     if proc.returncode != 0:
