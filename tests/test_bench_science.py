@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,11 @@ def finite(x: object) -> bool:
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small_run(tmp_path_factory: pytest.TempPathFactory, tiny_tri1: Path) -> Path:
+    """The experiments on a copy of the session's tiny exp dir with features and small GMM
+    alignments (conftest's tiny_tri1: the GMM passes science.py makes when its --exp has none)."""
     out = tmp_path_factory.mktemp("science")
+    shutil.copytree(tiny_tri1, out / "exp", symlinks=True)
     proc = subprocess.run([sys.executable, "bench/science.py", "--size", "small", "--out",
                            str(out / "results"), "--exp", str(out / "exp"), "--no-docs"],
                           cwd=REPO, capture_output=True, text=True, timeout=1800)

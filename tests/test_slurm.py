@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
 
 from asrtrain import AsrtrainError
@@ -256,21 +258,23 @@ def test_features_stage_on_slurm_makes_the_same_bytes_and_cmd_reruns_nothing(slu
     assert "nothing to do" in again.stderr and "starts" not in again.stderr, again.stderr
 
 
-# The GMM passes small (tests/test_e2e.py's): mono and tri1, a few iterations, no decoding.
-ALIGN_SMALL = ["align.decode=false", "~align.passes.tri2", "~align.passes.tri3",
-               "~align.passes.tri4", "align.passes.mono.num_iters=4",
-               "align.passes.mono.totgauss=300", "align.passes.mono.realign_iters=[1,2,3]",
-               "align.passes.tri1.num_leaves=60", "align.passes.tri1.num_gauss=300",
-               "+align.passes.tri1.num_iters=4", "+align.passes.tri1.realign_iters=[2]"]
+# The GMM passes small (recipes/tiny/small.yaml's, bench/small.py): mono and tri1, a few
+# iterations, no decoding.
+ALIGN_SMALL = small.overrides("tri1")
 
 
 @pytest.mark.timeout(1800)
-def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tmp_path):
-    local, slurm = tmp_path / "local", tmp_path / "slurm"
-    stages = "stages=[prepare,lang,lm,mfcc,align]"
-    asrtrain("run", "recipes/tiny", f"exp_dir={local}", "nj=2", stages, *ALIGN_SMALL)
+def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tiny_tri1, tmp_path):
+    """The session's local run of the small GMM passes (conftest's tiny_tri1) against the same
+    align stage on SLURM, from a copy of its inputs (a moved exp dir: its tables are rewritten),
+    so that only the align stage runs there (the features test checks the data stages' jobs)."""
+    local, slurm = tiny_tri1, tmp_path / "slurm"
+    stages = "stages=[prepare,lang,features,lm,mfcc,align]"    # tiny_tri1's
+    shutil.copytree(local, slurm, symlinks=True, ignore=shutil.ignore_patterns("align"))
+    assert not (slurm / ".done" / "align").exists()
     out = asrtrain("run", "recipes/tiny", f"exp_dir={slurm}", "nj=2", stages, *ALIGN_SMALL,
                    *SLURM)
+    assert re.findall(r"stage (\w+) +starts:", out.stderr) == ["align"], out.stderr[-3000:]
     align_logs = [p for p in (slurm / "log" / "slurm").rglob("*_log.out")
                   if "mfcc" not in p.parent.name]
     assert align_logs, ("the align stage ran no job through SLURM (its jobs do not go through "
