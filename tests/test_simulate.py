@@ -386,3 +386,28 @@ def test_simulate_command_on_the_hybrid_task(exp: tuple[Path, list[str]], tmp_pa
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1].startswith("asrtrain: error: simulate: per_node=4")
+
+
+def test_the_time_model_sets_the_simulated_time() -> None:
+    """With a bandwidth the simulator's clock is the time model's: SSGD's steps take the compute
+    plus the ring allreduce of the model's bytes; AD-PSGD's steps take the compute alone and
+    its rounds thin out to the model's rate when an exchange is slower than a step."""
+    work = SyntheticWorkload(20, 16, 0.05, 1e9)
+    nbytes = sum(p.numel() * 4 for p in work.model.parameters())
+    bw = nbytes / 0.05  # a model's bytes take 50 ms
+    ssgd = SimConfig(4, "ssgd", step_s=0.1, bandwidth=bw, latency_s=1e-3)
+    traj = Simulator(ssgd, work).run()
+    allreduce = 2 * 3 / 4 * 0.05 + 2 * 3 * 1e-3
+    assert traj.config["time_model"]["allreduce_s"] == pytest.approx(allreduce)
+    assert traj.epochs[0]["time"] == pytest.approx(20 * (0.1 + allreduce))
+    for delay in (False, True):
+        cfg = SimConfig(8, "adpsgd", step_s=0.05, bandwidth=bw, delay_by_one=delay,
+                        idle_s=1e9, log_every=0)
+        sim = Simulator(cfg, SyntheticWorkload(20, 32, 0.05, 1e9))
+        row = sim.run().epochs[0]
+        model = sim.timing
+        assert model is not None and model.round_s > 0.05  # slower than a step
+        assert row["time"] >= 20 * 0.05
+        assert abs(row["rounds"] - 20 * model.rounds_per_step) <= 2
+    with pytest.raises(AsrtrainError, match="bandwidth=-1"):
+        SimConfig(4, "ssgd", bandwidth=-1).check()

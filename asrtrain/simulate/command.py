@@ -36,6 +36,14 @@ log = logging.getLogger("asrtrain")
               help="Per-step time variation, a fraction of the step.")
 @click.option("--exchange-s", type=float, default=0.0, show_default=True,
               help="Simulated seconds of one pairwise gossip exchange.")
+@click.option("--gbit-s", type=float, default=0.0, show_default=True,
+              help="The time model: a node's NIC in Gb/s (0: off, exchanges take --exchange-s). "
+                   "--step-s is then the compute; the allreduce and the exchanges cost the "
+                   "model's bytes (docs/science.md, 'The time model').")
+@click.option("--latency-s", type=float, default=0.0, show_default=True,
+              help="The time model: seconds of a message's latency.")
+@click.option("--nodes", type=int, default=0, show_default=True,
+              help="The time model: machines (0: one per hadpsgd node, else one per learner).")
 @click.option("--idle-s", type=float, default=None,
               help="Gossip round interval when idle (default: trainer.gossip_idle_s).")
 @click.option("--log-every", type=int, default=1, show_default=True,
@@ -48,7 +56,8 @@ log = logging.getLogger("asrtrain")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging (every trajectory point).")
 def simulate_command(recipe: str, overrides: tuple[str, ...], system: str, learners: int,
                      backend: str | None, per_node: int | None, speed: str, step_s: float,
-                     jitter: float, exchange_s: float, idle_s: float | None, log_every: int,
+                     jitter: float, exchange_s: float, gbit_s: float, latency_s: float,
+                     nodes: int, idle_s: float | None, log_every: int,
                      sync_every: int, out: str, verbose: bool) -> None:
     """Simulate LEARNERS learners training RECIPE's model in one process (docs/science.md)."""
     import torch
@@ -65,7 +74,8 @@ def simulate_command(recipe: str, overrides: tuple[str, ...], system: str, learn
     sim_cfg = SimConfig(learners, backend or t.backend, per_node or t.per_node or 1, t.topology,
                         t.delay_by_one, t.epochs, t.seed, speed, step_s, jitter, exchange_s,
                         idle_s if idle_s is not None else t.gossip_idle_s, t.grad_clip,
-                        log_every, sync_every)
+                        log_every, sync_every, bandwidth=gbit_s * 1e9 / 8,
+                        latency_s=latency_s, nodes=nodes)
     sim_cfg.check()
     sim = Simulator(sim_cfg, TaskWorkload(cfg))
     log.info("simulate: %d learners, %s, %s, %d epochs of %s", learners, sim_cfg.backend,

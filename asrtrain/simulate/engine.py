@@ -46,9 +46,12 @@ from asrtrain.simulate.timing import (
     START,
     STEP,
     GossipClock,
+    Network,
+    StepTime,
     gossip_events,
     step_events,
     step_starts,
+    step_time,
     sync_segments,
 )
 
@@ -104,6 +107,25 @@ class SimConfig:
     log_every: int = 1
     sync_every: int = 0
     read_at_start: bool = True
+    bandwidth: float = 0.0
+    latency_s: float = 0.0
+    nodes: int = 0
+
+    def time_model(self, model_bytes: float) -> StepTime | None:
+        """With ``bandwidth`` > 0 (bytes/s of a node's NIC; ``latency_s`` a message) the time
+        model of :func:`~asrtrain.simulate.timing.step_time` sets the times: ``step_s`` is the
+        compute, the sync group's allreduce is added to every step and an exchange costs what
+        ``model_bytes`` cost on the network (``exchange_s`` is then unused). ``nodes``: the
+        machines (default: one per member of a node-synchronous backend, else one per learner).
+        None without a bandwidth."""
+        if not self.bandwidth > 0:
+            return None
+        shape = self.shape()
+        nodes = self.nodes or (self.members() if shape.sync == "node" else self.learners)
+        members = self.members()
+        phases = len(Schedule(members, self.topology, self.seed).phases(0)) if members > 1 else 0
+        return step_time(shape, self.learners, self.per_node, nodes, self.step_s, model_bytes,
+                         Network(self.bandwidth, self.latency_s), phases, self.delay_by_one)
 
     def shape(self) -> SimShape:
         """What the backend declares to the registry (:class:`~asrtrain.distributed.registry.
@@ -128,6 +150,10 @@ class SimConfig:
         for key in ("step_s", "idle_s"):
             if not getattr(self, key) > 0:
                 raise AsrtrainError(f"simulate: {key}={getattr(self, key)}: must be positive")
+        for key in ("bandwidth", "latency_s", "nodes"):
+            if getattr(self, key) < 0:
+                raise AsrtrainError(f"simulate: {key}={getattr(self, key)}: must not be "
+                                    "negative")
         speeds.learner_factors(self.speed, self.learners, self.seed)  # a bad spec, before any work
 
 
@@ -170,8 +196,14 @@ class Simulator:
         self.samples = 0
         self.losses: list[float] = []
         self.grads: dict[int, tuple[torch.Tensor, int, float]] = {}  # steps under way
+        nbytes = sum(p.numel() * p.element_size() for p in self.params)
+        self.timing = cfg.time_model(nbytes)
+        self.step_s = cfg.step_s + (self.timing.allreduce_s if self.timing else 0.0)
+        self.exchange_s = self.timing.event_exchange_s if self.timing else cfg.exchange_s
         self.traj = Trajectory(config={**asdict(cfg), "members": g,
-                                       "spectral_gap": self._gap()})
+                                       "spectral_gap": self._gap(),
+                                       "time_model": asdict(self.timing) if self.timing
+                                       else None})
 
     def _gap(self) -> float | None:
         if self.cfg.members() < 2:
@@ -194,7 +226,7 @@ class Simulator:
 
     def _epoch(self, epoch: int, steps: int, bar: tqdm) -> None:
         cfg, k = self.cfg, self.cfg.per_member()
-        times = speeds.step_times(self.factors, steps, cfg.step_s, cfg.jitter, cfg.seed, epoch)
+        times = speeds.step_times(self.factors, steps, self.step_s, cfg.jitter, cfg.seed, epoch)
         # A member's step waits for the slowest of its learners (their gradient allreduce).
         member_times = times.reshape(cfg.members(), k, steps).max(axis=1)
         iters = [self.work.batches(epoch, r, cfg.learners) for r in range(cfg.learners)]
@@ -215,7 +247,7 @@ class Simulator:
         end = max(float(e[-1]) for e in ends)
         if cfg.members() > 1:
             gossip, end = gossip_events(self.schedule, ends, self.now, self.clock,
-                                        cfg.delay_by_one, cfg.idle_s, cfg.exchange_s,
+                                        cfg.delay_by_one, cfg.idle_s, self.exchange_s,
                                         cfg.log_every)
             events += gossip
         events.sort()

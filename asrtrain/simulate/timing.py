@@ -126,3 +126,117 @@ def _applies(times: np.ndarray, members: list[int], r: int, log_every: int) -> l
     if log_every and (r + 1) % log_every == 0:
         out.append((max(float(times[i]) for i in members), r, _LAST + 1, LOG, r + 1, -1))
     return out
+
+
+# -- the time model (issue 24 item 2) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Network:
+    """What communication costs: ``bandwidth`` bytes/s of a node's NIC in each direction, shared
+    by the node's learners whose messages cross it at once; ``latency_s`` a message's fixed cost
+    (the wire's and the library's); inside a node ``intra_bandwidth`` / ``intra_latency_s``
+    (NVLink or shared memory; ``inf``: free); ``copy_bandwidth`` bytes/s of a host copy, paid
+    twice a gloo exchange of a GPU model (device to host, host to device; ``inf`` on a CPU)."""
+
+    bandwidth: float
+    latency_s: float = 0.0
+    intra_bandwidth: float = math.inf
+    intra_latency_s: float = 0.0
+    copy_bandwidth: float = math.inf
+
+    def __post_init__(self) -> None:
+        for key in ("bandwidth", "intra_bandwidth", "copy_bandwidth"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"Network.{key}={getattr(self, key)}: must be positive")
+        for key in ("latency_s", "intra_latency_s"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"Network.{key}={getattr(self, key)}: must not be negative")
+
+
+def ring_allreduce_s(k: int, nbytes: float, bandwidth: float, latency_s: float) -> float:
+    """A ring allreduce of ``nbytes`` among ``k`` peers (reduce-scatter then all-gather: each
+    link carries 2(k-1)/k of the bytes in 2(k-1) messages; Patarasuk and Yuan, "Bandwidth
+    optimal all-reduce algorithms", JPDC 2009); 0 for one peer."""
+    if k <= 1:
+        return 0.0
+    return 2 * (k - 1) / k * nbytes / bandwidth + 2 * (k - 1) * latency_s
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Where a learner's seconds per step go, and how often its member gossips (the steady state
+    of equal learners: a step of every learner takes the same time)."""
+
+    compute_s: float     # forward, backward, update
+    allreduce_s: float   # the sync group's gradient allreduce (and the node's gossip share)
+    exchange_s: float    # one pairwise gossip exchange, as the gossip thread sees it
+    round_s: float       # one gossip round (its phases one after the other, or overlapped)
+    step_s: float        # the period of a step, waits included
+    rounds_per_step: float
+
+    delay_by_one: bool = False
+
+    @property
+    def event_exchange_s(self) -> float:
+        """The ``exchange_s`` that gives :func:`gossip_events` these rounds: a pair's exchange,
+        or with delay-by-one (whose phases it times as travelling side by side) the whole
+        round's, the phases' messages sharing the NIC."""
+        return self.round_s if self.delay_by_one else self.exchange_s
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds a step waits for gossip (only where compute waits for it)."""
+        return self.step_s - self.compute_s - self.allreduce_s
+
+
+def step_time(shape, learners: int, per_node: int, nodes: int, compute_s: float,
+              model_bytes: float, net: Network, phases: int, delay_by_one: bool,
+              compute_waits: bool = False) -> StepTime:
+    """The seconds a step takes for ``learners`` on ``nodes`` machines (``per_node`` learners a
+    node for a ``sync="node"`` backend) running a backend of ``shape``
+    (:class:`asrtrain.distributed.registry.SimShape`): each learner computes for ``compute_s``;
+    a sync group ring-allreduces the gradients (``model_bytes``) inside a node over the intra
+    links, across nodes over the NIC; a gossiping member exchanges the whole model with one
+    partner per phase of a round (``phases``: 2 for a randomized ring), paying a latency, the
+    bytes over its node's NIC shared by the node's members whose exchanges cross it at once,
+    and two host copies.
+
+    Gossip and compute: ``compute_waits`` False is this trainer's gossip thread (the learner
+    never waits; a round starts after a step once the previous round is done, so rounds thin
+    out to one per ``round_s`` when an exchange is slower than a step, and delay-by-one, whose
+    phases are posted together, only makes rounds shorter). True is the seeds' learner, which
+    waits before its next step for its last exchange: without delay-by-one a step takes
+    compute + round; with it the round travels during the next step, so max(compute, round)."""
+    machines = max(nodes, 1)
+    k = shape.group(learners, per_node)
+    members = shape.members(learners, per_node)
+    # A sync group inside one machine uses the intra links; one spread over machines, the NIC.
+    across = shape.sync == "all" and machines > 1
+    allreduce = ring_allreduce_s(k, model_bytes,
+                                 net.bandwidth if across else net.intra_bandwidth,
+                                 net.latency_s if across else net.intra_latency_s)
+    if shape.sync == "node" and members > 1 and k > 1:
+        allreduce += (k - 1) / k * model_bytes / net.intra_bandwidth + net.intra_latency_s
+    exchange = round_ = 0.0
+    rounds_per_step = 0.0
+    base = compute_s + allreduce
+    period = base
+    if shape.gossip and members > 1:
+        # A node's members whose partner of a phase is on another node share its NIC: with
+        # partners drawn at random, a fraction (members - L) / (members - 1) of its L members.
+        per_machine = max(1, members // machines)
+        crossing = (members - per_machine) / (members - 1)
+        sharing = max(1.0, per_machine * crossing)
+        wire = model_bytes * sharing / net.bandwidth
+        copies = 2 * model_bytes / net.copy_bandwidth
+        exchange = net.latency_s + wire + copies
+        # Delay-by-one posts a round's phases together: their bytes share the NIC, one latency.
+        round_ = (net.latency_s + phases * (wire + copies) if delay_by_one
+                  else phases * exchange)
+        if compute_waits:
+            period = max(base, round_) if delay_by_one else base + round_
+            rounds_per_step = 1.0
+        else:
+            rounds_per_step = min(1.0, base / round_) if round_ > 0 else 1.0
+    return StepTime(compute_s, allreduce, exchange, round_, period, rounds_per_step,
+                    delay_by_one)
