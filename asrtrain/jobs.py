@@ -205,7 +205,7 @@ def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: 
         return run_slurm_jobs(_Job(fn, jobs.threads), args, jobs, desc)
     if in_process or len(args) == 1 or jobs.nj == 1:
         return [fn(a) for a in Bar(args, desc=desc, unit="job", file=sys.stderr,
-                                    disable=None if len(args) > 1 else True, leave=False)]
+                                   hidden=len(args) == 1, leave=False)]
     own = pool is None
     if own:
         pool = JobPool(JobConfig(nj=min(jobs.nj, len(args)), cmd=jobs.cmd,

@@ -89,13 +89,14 @@ def _terminal_size(stream: Any) -> tuple[int, int] | None:
 
 class Bar(tqdm):
     """A ``tqdm`` that shows on a terminal only (``disable=True`` still turns it off, ``None``
-    and ``False`` mean "on a terminal") and that the heartbeat reports while it is open."""
+    and ``False`` mean "on a terminal") and that the heartbeat reports while it is open.
+    ``hidden=True``: never drawn, still reported (a step of one job, whose own bar is drawn)."""
 
     def __init__(self, iterable: Any = None, *args: Any, file: Any = None,
                  disable: bool | None = None, ncols: int | None = None,
-                 nrows: int | None = None, **kwargs: Any) -> None:
+                 nrows: int | None = None, hidden: bool = False, **kwargs: Any) -> None:
         stream = sys.stderr if file is None else file
-        shown = disable is not True and _is_tty(stream)
+        shown = disable is not True and not hidden and _is_tty(stream)
         if shown and ncols is None:
             cols, rows = _terminal_size(stream) or (0, 0)
             if cols <= 0:   # an unsized pty: tqdm would compute a width of -1 and draw nothing

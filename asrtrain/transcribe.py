@@ -299,14 +299,14 @@ def write_data_dir(inputs: Inputs, channel: int | None, tmp: Path,
     Audio (a file, or a segment of one) shorter than ``min_seconds``, the model's analysis
     window, is an error naming it: it has no frame to decode."""
     import soundfile
-    from tqdm import tqdm
 
     from asrtrain.data.audio import read_recording
+    from asrtrain.progress import Bar
 
     audio = tmp / "audio"
     audio.mkdir(parents=True)
     wav, names, lengths, rates = {}, {}, {}, set()
-    for i, reco in enumerate(tqdm(sorted(inputs.wav), desc="reading audio", unit="file",
+    for i, reco in enumerate(Bar(sorted(inputs.wav), desc="reading audio", unit="file",
                                   disable=len(inputs.wav) < 5)):
         samples, rate = read_recording(inputs.wav[reco])
         mono = pick_channel(samples, channel, inputs.where[reco])
@@ -393,8 +393,6 @@ def decode(system: System, data_dir: Path, out_dir: Path) -> None:
 
 def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
     """decode_hybrid's network and search at the one chosen setting (no sweep, no scoring)."""
-    from tqdm import tqdm
-
     from asrtrain.decode import HybridDecodeConfig, write_words
     from asrtrain.decode.graph import load_graph
     from asrtrain.decode.hybrid import (
@@ -405,6 +403,7 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
         pseudo_loglikes,
     )
     from asrtrain.models.checkpoint import ModelCheckpoint
+    from asrtrain.progress import Bar
 
     c = HybridDecodeConfig.from_config(system.decode)
     ckpt = ModelCheckpoint.load(system.model, head="ce")
@@ -413,7 +412,7 @@ def _decode_hybrid(system: System, data_dir: Path, out_dir: Path) -> None:
     graph.info["lang_dir"] = str(system.paths.lang)    # this exp's, wherever it was built
     model, device = model_for_graph(ckpt, system.model, graph, graph_dir, c)
     reader = feature_reader(data_dir, ckpt, model_streams(ckpt, system.model, None))
-    utts = tqdm(reader, total=len(reader.utts), desc="decoding", unit="utt",
+    utts = Bar(reader, total=len(reader.utts), desc="decoding", unit="utt",
                 disable=len(reader.utts) < 5)
     loglikes = pseudo_loglikes(model, iter(utts), ckpt.log_priors, ckpt.chunk or 21,
                                c.prior_scale, c.acoustic_scale, c.batch_chunks, device)

@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 from asrtrain.features.transform import _delta_scales
+from asrtrain.progress import Bar
 from asrtrain.train.chunks import IGNORE, ChunkBatch, ChunkSet
 from asrtrain.train.store import chunk_set_key, open_store
 
@@ -253,7 +253,7 @@ class ResidentChunks:
         offset = row = held = 0
         mats, alis, spks, rows = [], [], [], []
         utts = cs.utts
-        for i, utt in enumerate(tqdm(utts, desc="loading chunk data", unit="utt", disable=None,
+        for i, utt in enumerate(Bar(utts, desc="loading chunk data", unit="utt", disable=None,
                                      leave=False)):
             mat, ali = self._read(utt)
             mats.append(mat)
