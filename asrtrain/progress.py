@@ -219,24 +219,6 @@ os.register_at_fork(before=lambda: _Heartbeat._emit_lock.acquire(),
                     after_in_child=_Heartbeat._after_fork_in_child)
 
 
-def _after_fork_in_child() -> None:
-    """A forked job starts without the parent's heartbeat: the thread is not copied, and its
-    lock may have been held by that thread at the fork (a job that opened a bar would then wait
-    forever)."""
-    _Heartbeat._lock = threading.Lock()
-    _Heartbeat._bars = []
-    _Heartbeat._clock = None
-    _Heartbeat._thread = None
-    std = sys.modules.get("tqdm.std")
-    if std is not None:  # the heartbeat writes through tqdm, under tqdm's thread lock
-        std.TqdmDefaultWriteLock.th_lock = threading.RLock()
-        if "_lock" in vars(std.tqdm):
-            std.tqdm.set_lock(std.TqdmDefaultWriteLock())
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def reset_clock() -> None:
     """A new step begins: the heartbeat counts its silence from now."""
     if _Heartbeat._clock is not None:
