@@ -10,27 +10,7 @@ from pathlib import Path
 import click
 
 from asrtrain import AsrtrainError, Interrupted, Terminated, __version__, interrupt_signal
-
-
-class _BarSafeHandler(logging.StreamHandler):
-    """Writes log lines to stderr through tqdm, so a line never lands in the middle of a
-    progress bar: the bar is cleared, the line written, the bar drawn again below it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # noqa: BLE001 - logging must never raise
-            self.handleError(record)
-
-
-def _setup_logging(verbose: bool) -> None:
-    handler = _BarSafeHandler(sys.stderr)
-    handler.addFilter(lambda record: not getattr(record, "stage_log_only", False))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
-                                           datefmt="%H:%M:%S"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+from asrtrain.logs import setup_logging
 
 
 def _sigterm(signum: int, frame) -> None:
@@ -137,7 +117,7 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
     from asrtrain.report import print_summary
     from asrtrain.stages import STAGES
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     cfg = compose_recipe(recipe, overrides)
     if show_config:
         click.echo(OmegaConf.to_yaml(cfg, resolve=True))
@@ -170,7 +150,7 @@ def train(config: str, verbose: bool) -> None:
     from asrtrain.distributed.liveness import record_error
     from asrtrain.train.worker import run_learner
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     try:
         run_learner(config)
     except BaseException as e:
@@ -196,9 +176,11 @@ def _register() -> None:
     main.add_command(report_command, "report")
     main.add_command(score_command, "score")
     main.add_command(topology_command, "topology")
-    main.add_command(__import__("asrtrain.simulate.command").simulate.command.simulate_command,
-                     "simulate")
-    main.add_command(__import__("asrtrain.transcribe").transcribe.transcribe_command, "transcribe")
+    from asrtrain.simulate.command import simulate_command
+    from asrtrain.transcribe import transcribe_command
+
+    main.add_command(simulate_command, "simulate")
+    main.add_command(transcribe_command, "transcribe")
 
 
 _register()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -117,3 +118,14 @@ def remove_temporaries(root: str | os.PathLike) -> int:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
     return len(found)
+
+
+def describe_os_error(error: OSError, where: Path) -> str:
+    """One line for an error of the file system (``where``: the directory it happened under,
+    when the error does not name a file, as one raised in a worker process may not)."""
+    path = error.filename or where
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device of {path}: free some, then run the same command"
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {path}: {error.strerror}"
+    return f"{path}: {error.strerror or error}"

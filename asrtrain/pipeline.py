@@ -13,7 +13,6 @@ killed mid-stage resumes at the step it was in and nothing is reused once an inp
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -31,9 +30,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError, Interrupted, interrupt_signal
-from asrtrain.fileio import remove_temporaries, write_text
+from asrtrain.fileio import describe_os_error, remove_temporaries, write_text
 from asrtrain.jobs import set_threads
 from asrtrain.recipe import Paths
+from asrtrain.records import read_marker
 
 log = logging.getLogger("asrtrain")
 
@@ -175,15 +175,6 @@ def _config_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 3) ->
                for k in sorted(set(a) | set(b)) if a.get(k, ABSENT) != b.get(k, ABSENT)]
     more = f" and {len(changed) - limit} more" if len(changed) > limit else ""
     return "; ".join(changed[:limit]) + more
-
-
-def read_marker(path: Path) -> dict | None:
-    """A stage's done record, or None (missing, or written by an older version: plain text)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and "digest" in record else None
 
 
 #: A user's file that does not exist (yet), in a record of file digests.
@@ -414,7 +405,7 @@ class Pipeline:
         if changes:
             reasons.append(f"config changed: {changes}")
         files = _file_changes(record.get("files") or {}, self.files.get(name, {}))
-        if len(files) > 3:   # e.g. a record from before content digests: every table is new
+        if len(files) > 3:   # e.g. a data dir whose every table changed
             files = [*files[:3], f"and {len(files) - 3} more input files"]
         reasons.extend(files)
         return reasons or ["its record differs"]
@@ -575,17 +566,6 @@ def _rescore(cfg: DictConfig, exp: Path, dry_run: bool = False) -> None:
                          f"{d.parent.name}/{d.name}" for d, _ in rows))
         return
     rescore_stale(exp, options)
-
-
-def describe_os_error(error: OSError, where: Path) -> str:
-    """One line for an error of the file system (``where``: the directory it happened under,
-    when the error does not name a file, as one raised in a worker process may not)."""
-    path = error.filename or where
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left on the device of {path}: free some, then run the same command"
-    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return f"cannot write {path}: {error.strerror}"
-    return f"{path}: {error.strerror or error}"
 
 
 def _remove_temporaries(exp: Path, why: str) -> None:

@@ -20,6 +20,26 @@ from asrtrain import REPO_ROOT, AsrtrainError
 CONF_DIR = REPO_ROOT / "conf"
 
 
+def _unknown_key(error: str, recipe_dir: Path, overrides: Sequence[str]) -> str | None:
+    """For an override of a key the config does not have (Hydra: ``Could not override``), the
+    line settings.read says for an unknown key: ``features.bogus: unknown setting; known: ...``
+    (the keys of its section in the config composed without it). None for any other error."""
+    import re
+
+    m = re.search(r"Could not override '([^']+)'", error)
+    if not m or "." not in m.group(1):
+        return None
+    key = m.group(1)
+    rest = [o for o in overrides if not o.lstrip("~").startswith(f"{key}=")]
+    if len(rest) == len(overrides):
+        return None
+    section = OmegaConf.select(compose_recipe(recipe_dir, rest), key.rpartition(".")[0])
+    if not isinstance(section, DictConfig):
+        return None
+    return (f"{key}: unknown setting; known: {', '.join(sorted(str(k) for k in section))} "
+            f"(+{key}=... adds a key to the config)")
+
+
 def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose ``recipe.yaml`` of the recipe directory with ``conf/`` groups and overrides."""
     from hydra import compose, initialize_config_dir
@@ -42,7 +62,11 @@ def compose_recipe(recipe: str | Path, overrides: Sequence[str] = ()) -> DictCon
                            f"+repo_root={REPO_ROOT}", f"+recipe_dir={recipe_dir}", *overrides],
             )
     except (HydraException, OmegaConfBaseException) as e:
-        raise AsrtrainError(f"{recipe_dir}/recipe.yaml: cannot compose the config: {e}") from e
+        unknown = _unknown_key(str(e), recipe_dir, overrides)
+        if unknown:
+            raise AsrtrainError(unknown) from None
+        raise AsrtrainError(f"{recipe_dir}/recipe.yaml: cannot compose the config: "
+                            f"{' '.join(str(e).split())}") from e
     except yaml.YAMLError as e:    # a conf/ group file Hydra loads (recipe.yaml is checked above)
         raise AsrtrainError(yaml_error_line(e, f"{recipe_dir}/recipe.yaml's config")) from None
     finally:

@@ -156,7 +156,7 @@ def relocate(exp: str | Path, dry_run: bool = False) -> list[Path]:
             # make-style "newer than", must not change with a move)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     except OSError as e:
-        from asrtrain.pipeline import describe_os_error
+        from asrtrain.fileio import describe_os_error
 
         raise AsrtrainError(f"the exp dir was moved from {old} to {new}, and its records that "
                             f"name the old place cannot be rewritten: "

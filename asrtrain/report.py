@@ -6,8 +6,8 @@ WER per subset, the decoding setting used and where it was chosen, which of the 
 models was decoded (``decode.checkpoint``, from the decode dir's ``decode.json``), the stage and
 its config digest, the date) and rewrites ``<exp>/RESULTS.md`` from all of them; ``asrtrain run``
 ends by printing the short table, skipped stages included, and ``asrtrain report`` prints the
-whole one. Decode dirs scored before ``result.json`` existed are read from their ``score/wer``,
-their ``decode.json`` and the stage's ``.done`` record.
+whole one. Decode dirs of an older version, scored before ``result.json`` existed, are not
+listed: their stages rerun (README).
 
 Usage::
 
@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -107,10 +106,8 @@ def collect(exp: Path) -> list[Result]:
     for score_dir in sorted(exp.glob("decode/*/*/score")):
         if any(part.startswith(".") for part in score_dir.relative_to(exp).parts):
             continue      # a decode dir being written (atomic_dir's temporary name)
-        result = _read(score_dir / RESULT) if (score_dir / RESULT).is_file() else _legacy(
-            exp, score_dir)
-        if result is not None:
-            results.append(result)
+        if (score_dir / RESULT).is_file():
+            results.append(_read(score_dir / RESULT))
     order = list(STAGE_KINDS)
     return sorted(results, key=lambda r: (order.index(r.stage) if r.stage in order else
                                           len(order), r.time, r.system, r.set))
@@ -121,44 +118,6 @@ def _read(path: Path) -> Result:
         return Result(**json.loads(path.read_text()))
     except (ValueError, TypeError) as e:
         raise AsrtrainError(f"{path}: not a result record ({e}); rescore, or delete it") from e
-
-
-_WER = re.compile(r"^(\S+)_(all|swbd|callhm) WER (\S+)% \[ (\d+) / (\d+), (\d+) ins, (\d+) del, "
-                  r"(\d+) sub \] (\S+)$")
-
-
-def _legacy(exp: Path, score_dir: Path) -> Result | None:
-    """A decode dir scored before ``result.json``: ``score/wer``, ``decode.json``, the record."""
-    if not (score_dir / "wer").is_file():
-        return None
-    wer: dict[str, dict] = {}
-    set_name = system = ""
-    for line in (score_dir / "wer").read_text().splitlines():
-        m = _WER.match(line.strip())
-        if m:
-            set_name, system = m.group(1), m.group(9)
-            wer[m.group(2)] = {"wer": float(m.group(3)), "err": int(m.group(4)),
-                               "ref_words": int(m.group(5)), "ins": int(m.group(6)),
-                               "dels": int(m.group(7)), "sub": int(m.group(8))}
-    if not wer:
-        return None
-    decode_json = score_dir.parent / "decode.json"
-    summary = json.loads(decode_json.read_text()) if decode_json.is_file() else {}
-    if "acoustic_scale" in summary:
-        stage, setting = "decode_gmm", {"acoustic_scale": summary["acoustic_scale"]}
-    elif "lmwt" in summary:
-        stage, setting = "decode_hybrid", {"lmwt": summary["lmwt"], "wip": summary["wip"]}
-    else:
-        stage, setting = "score", {}
-    selection = str(summary.get("selection", ""))
-    chosen = (summary.get("tuned_on") or ("config" if selection.startswith("fixed") else
-                                          set_name if summary and stage != "score" else None))
-    from asrtrain.pipeline import read_marker
-
-    record = read_marker(exp / ".done" / stage) or {}
-    return Result(system, STAGE_KINDS[stage], set_name, "hub5" if "swbd" in wer else "plain", wer,
-                  setting, chosen, stage, record.get("digest"), record.get("finished"),
-                  (score_dir / "wer").stat().st_mtime, decoded_checkpoint(score_dir.parent))
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -223,7 +182,7 @@ def _digest(r: Result, current: Mapping[str, str | None]) -> str:
 
 
 def _current_digests(exp: Path) -> dict[str, str | None]:
-    from asrtrain.pipeline import read_marker
+    from asrtrain.records import read_marker
 
     return {s: (read_marker(Path(exp) / ".done" / s) or {}).get("digest") for s in STAGE_KINDS}
 
@@ -309,16 +268,15 @@ def _exp_dir(target: Path, overrides: Sequence[str]) -> Path:
 @click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--short", is_flag=True, help="The short table `asrtrain run` ends with.")
-@click.option("--write", is_flag=True, help="Also rewrite <exp>/RESULTS.md (e.g. for an "
-              "experiment scored before RESULTS.md existed).")
+@click.option("--write", is_flag=True, help="Also rewrite <exp>/RESULTS.md.")
 def report_command(target: Path, overrides: tuple[str, ...], short: bool, write: bool) -> None:
     """Print the results table of an experiment: TARGET is a recipe dir (with its OVERRIDES,
     e.g. `exp_dir=...`) or an exp dir, e.g. `asrtrain report recipes/tiny`."""
     exp = _exp_dir(target, overrides)
     results = collect(exp) if exp.is_dir() else []
     if not results:
-        raise AsrtrainError(f"{exp}: no scored system (no decode/<system>/<set>/score/wer); "
-                            "run the recipe's decoding and scoring stages first")
+        raise AsrtrainError(f"{exp}: no scored system (no decode/<system>/<set>/score/"
+                            f"{RESULT}); run the recipe's decoding and scoring stages first")
     if write:
         write_results(exp)
     click.echo(results_text(results) if short else results_markdown(exp, results), nl=False)

@@ -25,12 +25,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from asrtrain import AsrtrainError
-from asrtrain.jobs import JobConfig
+
+if TYPE_CHECKING:  # annotations only: asrtrain.jobs imports this module
+    from asrtrain.jobs import JobConfig
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from asrtrain.align.model import (
     read_int_table,
     transition_counts,
 )
-from asrtrain.align.train import _ContextItems, _global_stats, train_mono
+from asrtrain.align.passes import ContextItems, global_stats
+from asrtrain.align.train import train_mono
 from asrtrain.align.tree import TreeStats
 from asrtrain.align.viterbi import viterbi_batch
 from asrtrain.lang.lexicon import Lang
@@ -233,13 +234,13 @@ def test_streamed_tree_stats_and_global_stats_are_the_corpus_wide_ones(setup, mo
     tree, model and alignments as before the memory fix)."""
     lang, _, utts = setup
     prev = read_int_table(mono / "ali_phone_state.scp")
-    items = _ContextItems(utts, prev)
+    items = ContextItems(utts, prev)
     stats = TreeStats.accumulate(items)
     keys, ref = _corpus_in_one_piece(list(items))
     np.testing.assert_array_equal(stats.keys, keys)
     assert stats.keys.dtype == keys.dtype
     assert np.array_equal(stats.stats, ref)          # bitwise, not close
-    mean, var = _global_stats(utts)
+    mean, var = global_stats(utts)
     x = np.concatenate([u.feats for u in utts]).astype(np.float64)
     assert np.array_equal(mean, x.mean(0)) and np.array_equal(var, x.var(0))
 
@@ -255,8 +256,8 @@ def test_tree_and_global_stats_need_no_copy_of_the_corpus() -> None:
     frames = 200 * 1000
     tracemalloc.start()
     try:
-        stats = TreeStats.accumulate(_ContextItems(utts, ali))
-        _global_stats(utts)
+        stats = TreeStats.accumulate(ContextItems(utts, ali))
+        global_stats(utts)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -12,13 +12,14 @@ Stages (each reads a data dir with MFCC ``feats.scp``/``cmvn.scp`` and a lang di
     train_pass(data_dir, lang_dir, ali_dir, out_dir, cfg)    one of the above by cfg ``type``
     import_kaldi_alignment(kaldi_dir, out_dir, num_pdfs)     align.source=kaldi
 
-``cfg`` keys are the fields of :class:`asrtrain.align.train.GmmConfig`.  Every output dir holds
+``cfg`` keys are the fields of :class:`asrtrain.align.config.GmmConfig`.  Every output dir holds
 ``final.mdl``, ``tree.txt``, ``num_pdfs``, ``ali.{ark,scp}`` (int32 pdf ids per frame),
 ``ali_phone_state.{ark,scp}``, ``log.txt`` and ``passes.json``; SAT passes and fMLLR alignments
 add ``trans.{ark,scp}`` (a ``[dim, dim+1]`` fMLLR matrix per speaker) and ``final.alimdl``.  A
 model's features come from :func:`asrtrain.align.model.model_features` (Δ, or splice + LDA+MLLT)
 and :func:`asrtrain.align.model.load_data` (plus fMLLR transforms);
-:func:`asrtrain.align.sat.estimate_transforms` estimates transforms from an alignment.
+the passes share :mod:`asrtrain.align.passes`;
+:func:`asrtrain.align.frames.estimate_transforms` estimates transforms from an alignment.
 Alignment scores only the pdfs of each utterance's training graph and compiles each graph once per
 pass; every statistics pass of a training pass (alignment, GMM, tree, LDA, MLLT, fMLLR,
 ``final.alimdl``) runs in ``nj`` jobs that read their own speakers' data from disk and return
@@ -27,9 +28,10 @@ whatever ``nj``;
 :func:`asrtrain.align.bench.time_align_iteration` times one iteration at Switchboard model sizes.
 """
 
-from asrtrain.align.sat import align_fmllr, estimate_transforms, train_sat
+from asrtrain.align.config import GmmConfig
+from asrtrain.align.frames import estimate_transforms
+from asrtrain.align.sat import align_fmllr, train_sat
 from asrtrain.align.train import (
-    GmmConfig,
     align_data,
     import_kaldi_alignment,
     train_lda_mllt,

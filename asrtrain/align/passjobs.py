@@ -42,6 +42,17 @@ from asrtrain.adapt.lda import LdaStats
 from asrtrain.adapt.mllt import MlltStats
 from asrtrain.adapt.posteriors import component_posteriors
 from asrtrain.adapt.splice import splice_frames
+from asrtrain.align.frames import (
+    Moments,
+    alimdl_stats,
+    batch_frames,
+    compose_transforms,
+    estimate_transforms,
+    frame_batches,
+    frame_weights,
+    silence_pdfs,
+    silence_phone_mask,
+)
 from asrtrain.align.gmm import GmmStats
 from asrtrain.align.graph import equal_alignment
 from asrtrain.align.model import (
@@ -68,40 +79,6 @@ from asrtrain.align.tree import TreeStats
 from asrtrain.fileio import atomic_ark, atomic_open
 from asrtrain.lang.lexicon import Lang
 from asrtrain.progress import Bar
-
-
-@dataclass
-class Moments:
-    """Frames, sum and sum of squares of features, float64: the global mean and variance
-    (``gmm-init-mono``'s start, every pass's variance floor) summed over jobs."""
-
-    n: float = 0.0
-    s1: np.ndarray | None = None
-    s2: np.ndarray | None = None
-
-    def accumulate(self, x: np.ndarray) -> None:
-        x = np.asarray(x, dtype=np.float64)
-        if self.s1 is None:
-            self.s1, self.s2 = np.zeros(x.shape[1]), np.zeros(x.shape[1])
-        self.n += len(x)
-        self.s1 += x.sum(0)
-        self.s2 += (x * x).sum(0)
-
-    def add(self, other: Moments) -> None:
-        if other.s1 is None:
-            return
-        if self.s1 is None:
-            self.s1, self.s2 = np.zeros_like(other.s1), np.zeros_like(other.s2)
-        self.n += other.n
-        self.s1 += other.s1
-        self.s2 += other.s2
-
-    def mean_var(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.s1 is None or self.n <= 0:
-            raise AsrtrainError("no frames to estimate the global mean and variance from")
-        mean = self.s1 / self.n
-        return mean, np.maximum(self.s2 / self.n - mean * mean, 0.0)
-
 
 #: Frames of speech (whole speakers) a job holds at once: ~0.55 h, about 100-200 MB of
 #: features, adapted copies and training graphs (GmmConfig.part_batch_frames).
@@ -329,8 +306,6 @@ class _Reiterable:
 
 
 def setup_job(a: SetupJob) -> SetupResult:
-    from asrtrain.align.sat import estimate_transforms, silence_pdfs
-    from asrtrain.align.train import frame_weights, silence_phone_mask
 
     lang = a.part.lang()
     size = _batch_frames(a.cfg)
@@ -464,7 +439,6 @@ class IterResult:
 
 
 def iter_job(a: IterJob) -> IterResult:
-    from asrtrain.align.sat import compose_transforms, estimate_transforms, silence_pdfs
 
     c = a.cfg
     streams = [w for w in ("mllt", "gmm", "alimdl") if w in a.what]
@@ -561,7 +535,6 @@ def iter_job(a: IterJob) -> IterResult:
             _, out.stats, out.counts = accumulate_stats(
                 model, ((u.feats, ps) for u, ps, _ in items), device)
         elif "alimdl" in a.what:
-            from asrtrain.align.sat import alimdl_stats
 
             # alimdl_stats looks an utterance's alignment and unadapted features up as it
             # takes the utterance: the stream puts them there one utterance at a time
@@ -601,13 +574,6 @@ def _mllt_stats(model: AcousticModel,
                 c: Mapping, device: torch.device) -> MlltStats:
     """``gmm-acc-mllt`` of the aligned utterances ``(utterance, phone-state alignment, _)``
     (silence weighted), in batches of frames."""
-    from asrtrain.align.train import (
-        batch_frames,
-        frame_batches,
-        frame_weights,
-        silence_phone_mask,
-    )
-
     gmm = model.gmm.to(device)
     silence = silence_phone_mask(lang)
     stats = MlltStats.zeros(gmm.dim, device)
@@ -651,7 +617,6 @@ class AlignFmllrResult:
 
 
 def align_fmllr_job(a: AlignFmllrJob) -> AlignFmllrResult:
-    from asrtrain.align.sat import estimate_transforms, silence_pdfs
 
     c = a.cfg
     model, alimdl = AcousticModel.read(a.model), AcousticModel.read(a.alimdl)
@@ -692,7 +657,6 @@ def _add_alignment(out: IterResult, res, seconds: float) -> None:
     out.align_seconds += seconds
 
 
-
 def sum_gmm(parts: Iterable[IterResult]) -> tuple[GmmStats, dict[int, np.ndarray]]:
     """``gmm-sum-accs``: the jobs' GMM statistics and transition counts, in job order."""
     stats, counts = None, {}
@@ -706,7 +670,7 @@ def sum_gmm(parts: Iterable[IterResult]) -> tuple[GmmStats, dict[int, np.ndarray
 
 
 def merge_fmllr_reports(reports: Iterable[dict]) -> dict:
-    """The jobs' :func:`~asrtrain.align.sat.estimate_transforms` reports as one: speakers,
+    """The jobs' :func:`~asrtrain.align.frames.estimate_transforms` reports as one: speakers,
     identity and frames summed, the objective improvement per frame over all frames."""
     out = {"speakers": 0, "identity": 0, "frames": 0.0}
     gain = 0.0

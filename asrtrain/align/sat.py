@@ -1,6 +1,6 @@
 """Speaker-adaptive training with fMLLR (tri4): Kaldi's ``steps/train_sat.sh`` and
-``steps/align_fmllr.sh``, and the per-speaker transform estimation both (and the two-pass fMLLR
-decode) use.
+``steps/align_fmllr.sh``; the per-speaker transform estimation they (and the two-pass fMLLR
+decode) use is :func:`asrtrain.align.frames.estimate_transforms`.
 
 ``train_sat`` starts from the previous pass (LDA+MLLT or Δ features, its ``final.mat`` kept):
 initial transforms are the alignment dir's ``trans.*`` when it has them (an ``align_fmllr``
@@ -21,170 +21,44 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from asrtrain import AsrtrainError
-from asrtrain.adapt.fmllr import FmllrStats, compose_affine, estimate_fmllr
-from asrtrain.adapt.posteriors import FrameGaussians, component_posteriors
+from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
+from asrtrain.align.frames import (
+    Moments,
+    alimdl_stats,
+)
 from asrtrain.align.gmm import DiagGmmSet, GmmStats
 from asrtrain.align.model import (
     AcousticModel,
     Utterance,
     check_failures,
-    frame_contexts,
     model_features,
-    pdfs_of,
     read_transforms,
+)
+from asrtrain.align.passes import (
+    PassJobs,
+    PassLog,
+    align_result,
+    aligned_utterances,
+    pass_utterances,
+    train_iters,
+    tree_model,
+    write_pass,
 )
 from asrtrain.align.passjobs import (
     AlignFmllrJob,
     Features,
     IterResult,
-    Moments,
     align_fmllr_job,
     merge_fmllr_reports,
 )
-from asrtrain.align.train import (
-    TRI_DEFAULTS,
-    GmmConfig,
-    _align_result,
-    _aligned_utterances,
-    _pass_utterances,
-    _PassJobs,
-    _PassLog,
-    _train_iters,
-    _tree_model,
-    _write,
-    batch_frames,
-    frame_batches,
-)
-from asrtrain.align.tree import Tree
 from asrtrain.jobs import JobConfig
 from asrtrain.lang.lexicon import Lang
-
-_FMLLR_DEFAULTS = GmmConfig()
-
-
-def silence_pdfs(tree: Tree, lang: Lang) -> np.ndarray:
-    """The pdf ids on the trees of the silence phones (sorted)."""
-    roots = {tree.roots[tree.root_of[p]] for p in lang.phones.real_phone_ids
-             if lang.phones.is_silence(p) and p in tree.root_of}
-    out, stack = set(), list(roots)
-    while stack:
-        node = tree.nodes[stack.pop()]
-        if node[0] == "leaf":
-            out.add(int(node[1]))
-        else:
-            stack.extend([node[3], node[4]])
-    return np.array(sorted(out), dtype=np.int64)
-
-
-def estimate_transforms(model: AcousticModel, utts: list[Utterance],
-                        pdf_alignments: Mapping[str, np.ndarray], silence: np.ndarray,
-                        cfg: Mapping | GmmConfig | None = None,
-                        posterior_model: AcousticModel | None = None,
-                        report: dict | None = None) -> dict[str, np.ndarray]:
-    """Each speaker's fMLLR ``[dim, dim+1]`` (float32) for ``utts`` as they are (``u.feats``:
-    the features the transform applies to) from per-frame pdf ids (an alignment or a best
-    path): ``gmm-est-fmllr`` with ``model``'s Gaussians, their posteriors from
-    ``posterior_model`` when given (``gmm-post-to-gpost $alimdl | gmm-est-fmllr-gpost $mdl``,
-    align_fmllr.sh), frames of ``silence`` pdfs weighted ``silence_weight``.  Speakers under
-    ``fmllr_min_count`` frames keep the identity (logged).  Options (``cfg``, as
-    :class:`GmmConfig`): ``silence_weight``, ``fmllr_min_count``, ``fmllr_num_iters``,
-    ``device``, ``max_batch_mb``.  ``report`` gets the figures: speakers, identity, frames,
-    objective improvement per frame."""
-    opt = _options(cfg)
-    device = torch.device(opt["device"])
-    post_model = posterior_model or model
-    if post_model.gmm.means.shape != model.gmm.means.shape:
-        raise AsrtrainError(f"fMLLR: the posterior model's GMMs {tuple(post_model.gmm.means.shape)}"
-                            f" do not match the model's {tuple(model.gmm.means.shape)}")
-    gmm, post_gmm = model.gmm.to(device), post_model.gmm.to(device)
-    sil = np.zeros(model.num_pdfs, dtype=bool)
-    sil[np.asarray(silence, dtype=np.int64)] = True
-    by_spk: dict[str, list[Utterance]] = {}
-    for u in utts:
-        by_spk.setdefault(u.speaker, []).append(u)
-    speakers = sorted(by_spk)
-    dim = gmm.dim
-    per_spk = 3 * dim * (dim + 1) ** 2 * 8            # G, its inverse, work: float64
-    group = max(1, int(opt["max_batch_mb"] * 2 ** 20 // per_spk))
-    batch = batch_frames(gmm, opt["max_batch_mb"])
-    out: dict[str, np.ndarray] = {}
-    tot = {"speakers": len(speakers), "identity": 0, "frames": 0.0, "gain": 0.0}
-    for i in range(0, len(speakers), group):
-        names = speakers[i:i + group]
-        stats = FmllrStats.zeros(len(names), dim, device)
-        for j, spk in enumerate(names):
-            frames = (_weighted_frames(u, pdf_alignments, sil, opt["silence_weight"])
-                      for u in by_spk[spk])
-            for x, pdf, w in frame_batches(frames, batch):
-                _accumulate_fmllr(stats, j, x, pdf, w, gmm, post_gmm, device)
-        res = estimate_fmllr(stats, int(opt["fmllr_num_iters"]), float(opt["fmllr_min_count"]),
-                             names)
-        for j, spk in enumerate(names):
-            out[spk] = res.transforms[j].float().cpu().numpy()
-        tot["identity"] += len(res.fallback)
-        tot["frames"] += float(stats.beta.sum())
-        tot["gain"] += float((res.improvement * stats.beta).sum())
-    if report is not None:
-        adapted = max(tot["frames"], 1e-10)
-        report.update(speakers=tot["speakers"], identity=tot["identity"],
-                      frames=round(tot["frames"], 1),
-                      objf_improvement_per_frame=tot["gain"] / adapted)
-    return out
-
-
-def _options(cfg: Mapping | GmmConfig | None) -> dict:
-    """The fMLLR options from a config (a GmmConfig, or any mapping: others keys ignored)."""
-    d = asdict(cfg) if isinstance(cfg, GmmConfig) else dict(cfg or {})
-    keys = ("silence_weight", "fmllr_min_count", "fmllr_num_iters", "device", "max_batch_mb")
-    return {k: d.get(k, getattr(_FMLLR_DEFAULTS, k)) for k in keys}
-
-
-def _weighted_frames(u: Utterance, pdf_alignments: Mapping[str, np.ndarray],
-                     silence: np.ndarray, silence_weight: float
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An utterance's frames with weight > 0, their pdfs and weights (none if unaligned)."""
-    pdf = pdf_alignments.get(u.utt)
-    if pdf is None:
-        return u.feats[:0], np.zeros(0, np.int64), np.zeros(0)
-    pdf = np.asarray(pdf, dtype=np.int64)
-    if len(pdf) != len(u.feats):
-        raise AsrtrainError(f"fMLLR: utterance {u.utt} has {len(pdf)} aligned frames, its "
-                            f"features {len(u.feats)}")
-    w = np.where(silence[pdf], silence_weight, 1.0)
-    keep = w > 0
-    return u.feats[keep], pdf[keep], w[keep]
-
-
-def _accumulate_fmllr(stats: FmllrStats, spk: int, x: np.ndarray, pdf: np.ndarray,
-                      w: np.ndarray, gmm: DiagGmmSet, post_gmm: DiagGmmSet,
-                      device: torch.device) -> None:
-    """Add weighted frames to speaker ``spk``'s statistics: Gaussians of ``gmm``, their
-    posteriors from ``post_gmm``."""
-    xt = torch.from_numpy(x).to(device)
-    p = torch.from_numpy(pdf).to(device)
-    g = component_posteriors(post_gmm, xt, p, torch.from_numpy(w).to(device))
-    if post_gmm is not gmm:
-        m = g.post.shape[1]
-        g = FrameGaussians(g.post, gmm.means[p, :m], gmm.vars[p, :m])
-    stats.accumulate(xt, g, spk)
-
-
-def compose_transforms(new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
-                       ) -> dict[str, np.ndarray]:
-    """``compose-transforms --b-is-affine=true new old``: apply ``old`` then ``new``."""
-    out = {}
-    for spk, w in new.items():
-        a = torch.from_numpy(np.asarray(w, dtype=np.float64))
-        b = torch.from_numpy(np.asarray(old[spk], dtype=np.float64))
-        out[spk] = compose_affine(a, b).float().numpy()
-    return out
 
 
 def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
@@ -198,10 +72,10 @@ def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
     lang = Lang.read(lang_dir)
     ali_dir, out_dir = Path(ali_dir), Path(out_dir)
     prev_model = AcousticModel.load(ali_dir)
-    utts, skipped, data = _pass_utterances(data_dir, lang)
-    plog = _PassLog(out_dir, out_dir.name)
-    utts = _aligned_utterances(utts, skipped, ali_dir, plog, c)
-    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+    utts, skipped, data = pass_utterances(data_dir, lang)
+    plog = PassLog(out_dir, out_dir.name)
+    utts = aligned_utterances(utts, skipped, ali_dir, plog, c)
+    with PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
         pj.prev_ali = str(ali_dir.resolve() / "ali_phone_state.scp")
         prev_file = str(pj.work / "prev.mdl")
         prev_model.write(prev_file)
@@ -215,10 +89,10 @@ def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
             transforms = {k: v.astype(np.float32) for k, v in found.items()}
             pj.write_transforms(transforms)
             plog(f"initial fMLLR transforms: {len(found)} from {ali_dir / 'trans.scp'}")
-            model, tsum, _ = _tree_model(pj, Features(model=prev_file, trans=pj.trans), lang,
+            model, tsum, _ = tree_model(pj, Features(model=prev_file, trans=pj.trans), lang,
                                          ali_dir, c, plog)
         else:   # else estimated with its model from its alignment, in the tree jobs
-            model, tsum, parts = _tree_model(pj, Features(model=prev_file), lang, ali_dir, c,
+            model, tsum, parts = tree_model(pj, Features(model=prev_file), lang, ali_dir, c,
                                              plog, fmllr_model=prev_file)
             transforms = {}
             for r in parts:
@@ -229,8 +103,8 @@ def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
                  f"in {time.time() - t0:.1f} s")
         model.delta_order, model.splice = prev_model.delta_order, prev_model.splice
         model.lda_mllt, model.sat = prev_model.lda_mllt, True
-        update = _FmllrHook(transforms, plog)
-        res, parts = _train_iters(model, pj, c, c.num_gauss, plog, fmllr=update)
+        update = FmllrHook(transforms, plog)
+        res, parts = train_iters(model, pj, c, c.num_gauss, plog, fmllr=update)
         t0 = time.time()
         stats, moments = parts[0].alimdl, Moments()
         for i, p in enumerate(parts):
@@ -245,21 +119,21 @@ def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
                    "final_loglike_per_frame": res.loglike_per_frame, "tree": tsum,
                    "speakers": len(update.transforms),
                    "fmllr_objf_improvement": update.improvements}
-        _write(out_dir, model, lang, pj, plog, summary, update.transforms, alimdl)
+        write_pass(out_dir, model, lang, pj, plog, summary, update.transforms, alimdl)
     return summary
 
 
-class _FmllrHook:
+class FmllrHook:
     """The SAT pass's update at ``fmllr_iters``: each job re-estimated its speakers'
     transforms on the current adapted features with the current model and alignment, composed
     them with the old ones and accumulated on the re-adapted features; here the transforms are
     gathered and written for the next iteration's jobs."""
 
-    def __init__(self, transforms: dict[str, np.ndarray], plog: _PassLog) -> None:
+    def __init__(self, transforms: dict[str, np.ndarray], plog: PassLog) -> None:
         self.transforms, self.plog = transforms, plog
         self.improvements: list[float] = []
 
-    def __call__(self, it: int, pj: _PassJobs, parts: list[IterResult], seconds: float
+    def __call__(self, it: int, pj: PassJobs, parts: list[IterResult], seconds: float
                  ) -> dict:
         for p in parts:
             self.transforms.update(p.transforms)
@@ -271,31 +145,6 @@ class _FmllrHook:
                   f"speakers ({rep['identity']} identity), in {seconds:.1f} s (with the "
                   "iteration's alignment and statistics)")
         return {"fmllr_objf_improvement": gain, "fmllr_seconds": round(seconds, 3)}
-
-
-def alimdl_stats(model: AcousticModel, utts: list[Utterance], unadapted: Mapping[str, np.ndarray],
-                 phone_state: Mapping[str, np.ndarray], device: torch.device | str = "cpu"
-                 ) -> tuple[GmmStats, Moments]:
-    """``gmm-acc-stats-twofeats``: component posteriors of ``model`` on the adapted features
-    ``u.feats``, statistics of the unadapted ones (``unadapted[utt]``), and their moments (the
-    variance floor)."""
-    device = torch.device(device)
-    gmm = model.gmm.to(device)
-    stats = gmm.zero_stats()
-    moments = Moments()
-    for u in utts:
-        ps = phone_state.get(u.utt)
-        if ps is None:
-            continue
-        pdf = torch.from_numpy(pdfs_of(model.tree, frame_contexts(ps))).to(device)
-        post = component_posteriors(gmm, torch.from_numpy(u.feats).to(device), pdf).post
-        x = torch.from_numpy(unadapted[u.utt]).to(device).double()
-        m = post.shape[1]   # the slots up to the last live component
-        stats.occ[:, :m].index_add_(0, pdf, post)
-        stats.sx[:, :m].index_add_(0, pdf, post[:, :, None] * x[:, None, :])
-        stats.sxx[:, :m].index_add_(0, pdf, post[:, :, None] * (x * x)[:, None, :])
-        moments.accumulate(unadapted[u.utt])
-    return stats, moments
 
 
 def alimdl_update(model: AcousticModel, stats: GmmStats, moments: Moments,
@@ -335,18 +184,18 @@ def align_fmllr(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
     model = AcousticModel.load(model_dir)
     alimdl = AcousticModel.load(model_dir, alignment_model=True)
     has_alimdl = (model_dir / "final.alimdl").is_file()
-    utts, skipped, data = _pass_utterances(data_dir, lang)
-    plog = _PassLog(out_dir, f"align_fmllr {model_dir.name}")
+    utts, skipped, data = pass_utterances(data_dir, lang)
+    plog = PassLog(out_dir, f"align_fmllr {model_dir.name}")
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
-    with _PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
+    with PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, plog.name) as pj:
         t0 = time.time()
         parts = pj.run(align_fmllr_job, lambda p: AlignFmllrJob(
             p, str(model_dir / "final.mdl"),
             str(model_dir / ("final.alimdl" if has_alimdl else "final.mdl")), pj.cfg),
             "align, fMLLR, align")
         seconds = time.time() - t0
-        first = _align_result([p.first for p in parts])
+        first = align_result([p.first for p in parts])
         check_failures(first, len(utts), c.max_fail_fraction,
                        f"aligning {data_dir} (first pass)")
         plog.record(0, first, first.loglike_per_frame, first.frames, first.seconds,
@@ -356,7 +205,7 @@ def align_fmllr(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
             transforms.update(p.transforms)
         rep = merge_fmllr_reports(p.fmllr for p in parts)
         plog(f"fMLLR transforms: {rep}")
-        res = _align_result([p.second for p in parts])
+        res = align_result([p.second for p in parts])
         check_failures(res, len(utts), c.max_fail_fraction, f"aligning {data_dir}")
         for utt, why in sorted(res.failed.items()):
             plog(f"failed {utt}: {why}")
@@ -368,6 +217,6 @@ def align_fmllr(data_dir: Path, lang_dir: Path, model_dir: Path, out_dir: Path,
                    "utterances": len(utts), "skipped": len(skipped), "failed": len(res.failed),
                    "si_loglike_per_frame": first.loglike_per_frame,
                    "final_loglike_per_frame": res.loglike_per_frame, "fmllr": rep}
-        _write(out_dir, model, lang, pj, plog, summary, transforms,
+        write_pass(out_dir, model, lang, pj, plog, summary, transforms,
                alimdl if has_alimdl else None)
     return summary

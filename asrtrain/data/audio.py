@@ -25,12 +25,15 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile
 
 from asrtrain import AsrtrainError
-from asrtrain.data.datadir import DataDir
+
+if TYPE_CHECKING:  # annotations only: datadir reaches this module through the corpora
+    from asrtrain.data.datadir import DataDir
 
 #: How far a segment may run past the end of its recording before it is an error, in seconds
 #: (Kaldi's extract-segments --max-overshoot default).

@@ -393,6 +393,29 @@ def write_table(path: str | Path, table: dict[str, str]) -> None:
             f.write(f"{key} {table[key]}\n")
 
 
+def remove_dup_utts(data: DataDir, max_count: int) -> DataDir:
+    """Kaldi's utils/data/remove_dup_utts.sh: at most ~max_count copies of any transcript.
+
+    Transcripts seen fewer than ``max_count`` times are all kept; the others are kept with
+    probability max_count/n drawn from Kaldi's own predictable generator, so the same utterances
+    survive as in Kaldi.
+    """
+    counts: dict[str, int] = {}
+    for utt in sorted(data.text):
+        counts[data.text[utt]] = counts.get(data.text[utt], 0) + 1
+    k = 0
+    keep = []
+    for utt in sorted(data.text):
+        n = counts[data.text[utt]]
+        if n < max_count:
+            keep.append(utt)
+            continue
+        k = (k + 103349) % 71147
+        if k / 71147 < max_count / n:
+            keep.append(utt)
+    return data.subset(keep)
+
+
 # ------------------------------------------------------------------------------ subsets
 #: The rules of :func:`subset_data_dir`, each Kaldi's (``utils/subset_data_dir.sh`` and
 #: ``utils/data/remove_dup_utts.sh``); their values are counts, ``speaker_prefix``'s a string.
@@ -461,8 +484,6 @@ def subset_data_dir(data: DataDir, rules: list[tuple[str, int | str]]) -> DataDi
             data = data.subset(keep)
             continue
         if rule == "max_dup":
-            from asrtrain.data.corpora.swbd import remove_dup_utts
-
             data = remove_dup_utts(data, int(value))
             continue
         n = int(value)

@@ -231,11 +231,10 @@ def tuning_set(cfg: DictConfig) -> str | None:
 
 
 def tuning_config(cfg: DictConfig) -> dict[str, str]:
-    """``score.tune_on``'s share of a decoding stage's digest: the dev set when the choice is
-    held out there, nothing otherwise (so the digests of recipes that choose on the test set,
-    as before the setting existed, stay as they were)."""
-    dev = tuning_set(cfg)
-    return {"score.tune_on": dev} if dev else {}
+    """``score.tune_on``'s share of a decoding stage's digest, as it resolves: the dev set when
+    the choice is held out there, ``test`` when each test set chooses on itself (``auto``
+    resolves to one of them, so changing ``auto`` to what it meant reruns nothing)."""
+    return {"score.tune_on": tuning_set(cfg) or "test"}
 
 
 def check_tuning_set(data_dir: Path, key: str) -> None:

@@ -37,6 +37,8 @@ import kaldiio
 import numpy as np
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
+from asrtrain.align.config import GmmConfig
+from asrtrain.align.frames import compose_transforms, estimate_transforms, silence_pdfs
 from asrtrain.align.model import (
     AcousticModel,
     Utterance,
@@ -48,8 +50,6 @@ from asrtrain.align.model import (
     read_transforms,
     write_transforms,
 )
-from asrtrain.align.sat import compose_transforms, estimate_transforms, silence_pdfs
-from asrtrain.align.train import GmmConfig
 from asrtrain.decode import AUDIO_PER_JOB_S, GmmDecodeConfig, score_candidates
 from asrtrain.decode.graph import (
     Graph,

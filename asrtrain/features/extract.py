@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,33 +28,59 @@ from asrtrain.features.transform import cmvn_stats
 from asrtrain.fileio import atomic_ark, write_text
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.progress import Bar
+from asrtrain.settings import choice, integer, number, opt, read
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class FeatureOptions:
-    """Kaldi feature options (names as Kaldi's command-line flags, 8 kHz telephone defaults)."""
+    """Kaldi feature options (names as Kaldi's command-line flags, 8 kHz telephone defaults):
+    what the extraction of one kind of features depends on."""
 
-    kind: str = "fbank"          # fbank | mfcc
-    sample_rate: int = 8000
-    num_mel_bins: int = 40       # fbank: 40 as the IBM system; mfcc: Kaldi's 23
-    num_ceps: int = 13
-    frame_length: float = 25.0   # ms
-    frame_shift: float = 10.0    # ms
-    dither: float = 1.0          # Kaldi's default; seeded per utterance so runs repeat exactly
-    low_freq: float = 20.0
-    high_freq: float = 0.0
+    kind: str = opt("fbank", choice("fbank", "mfcc"))
+    sample_rate: int = opt(8000, integer(1))
+    num_mel_bins: int = opt(40, integer(1))  # fbank: 40 as the IBM system; mfcc: Kaldi's 23
+    num_ceps: int = opt(13, integer(1))
+    frame_length: float = opt(25.0, number(0.0, low_open=True))  # ms
+    frame_shift: float = opt(10.0, number(0.0, low_open=True))   # ms
+    dither: float = opt(1.0, number(0.0))  # Kaldi's default; seeded per utterance: runs repeat
+    low_freq: float = opt(20.0, number(0.0))
+    high_freq: float = 0.0       # Kaldi's: <= 0 is an offset from the Nyquist frequency
     use_energy: bool = False
     resample: bool = False       # audio at another rate is resampled, not an error (datadir)
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> FeatureOptions:
-        names = set(cls.__dataclass_fields__)
-        opts = cls(**{k: v for k, v in dict(cfg).items() if k in names})
-        if opts.kind not in ("fbank", "mfcc"):
-            raise AsrtrainError(f"features.kind={opts.kind!r}: expected fbank or mfcc")
-        return opts
+    def from_config(cls, cfg: Mapping, section: str = "features") -> FeatureOptions:
+        """The extraction options of config section ``section``: the whole section is read and
+        checked (:class:`FeaturesConfig`, or :class:`MfccConfig` for ``mfcc``) by
+        :func:`asrtrain.settings.read`, so an unknown key is an error naming
+        ``<section>.<key>``; the options of the extraction are returned."""
+        kind = MfccConfig if section == "mfcc" else FeaturesConfig
+        full = read(kind, cfg, section)
+        return FeatureOptions(**{f.name: getattr(full, f.name) for f in fields(FeatureOptions)})
+
+
+@dataclass(frozen=True)
+class FeaturesConfig(FeatureOptions):
+    """A recipe's ``features`` section (and a hybrid model's own, ``hybrid.features``): the
+    extraction options, and how a model reads the features: ``norm_vars`` (per-speaker CMVN
+    with variance normalisation, ``apply-cmvn --norm-vars``), ``delta_order`` (0: none, 2: Δ
+    and ΔΔ, ``add-deltas``) and ``append``, the per-frame streams appended after them
+    (:data:`asrtrain.features.reader.APPEND_STREAMS`). Defaults: ``conf/features/fbank40.yaml``."""
+
+    norm_vars: bool = True
+    delta_order: int = opt(0, integer(0))
+    append: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MfccConfig(FeatureOptions):
+    """A recipe's ``mfcc`` section, the GMMs' features: Kaldi's ``conf/mfcc.conf`` of s5c
+    (``conf/mfcc/kaldi13.yaml``)."""
+
+    kind: str = opt("mfcc", choice("fbank", "mfcc"))
+    num_mel_bins: int = opt(23, integer(1))
 
 
 def window_samples(opts: FeatureOptions) -> int:

@@ -62,13 +62,13 @@ def simulate_command(recipe: str, overrides: tuple[str, ...], system: str, learn
     """Simulate LEARNERS learners training RECIPE's model in one process (docs/science.md)."""
     import torch
 
-    from asrtrain.cli import _setup_logging
+    from asrtrain.logs import setup_logging
     from asrtrain.recipe import compose_recipe
     from asrtrain.simulate.engine import SimConfig, Simulator
     from asrtrain.simulate.workload import TaskWorkload, system_config
     from asrtrain.train.config import TrainerConfig
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     cfg = system_config(compose_recipe(recipe, overrides), system)
     t = TrainerConfig.from_config(cfg.trainer)
     sim_cfg = SimConfig(learners, backend or t.backend, per_node or t.per_node or 1, t.topology,

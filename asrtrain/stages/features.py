@@ -25,7 +25,12 @@ def feature_options(cfg: DictConfig, section: str):
     from asrtrain.features import FeatureOptions
 
     return FeatureOptions.from_config(
-        {**cfg[section], "resample": bool(cfg.corpus.get("resample", False))})
+        {**cfg[section], "resample": bool(cfg.corpus.get("resample", False))}, section)
+
+
+def check(cfg: DictConfig) -> None:
+    """The ``features`` section read by :func:`asrtrain.settings.read` (unknown keys, types)."""
+    feature_options(cfg, "features")
 
 
 def shared_mfcc(ctx: StageContext):
@@ -57,4 +62,4 @@ def run(ctx: StageContext) -> None:
 
 
 STAGE = Stage("features", run, reads=("prepare",), config=("features", "corpus.resample"),
-              doc="fbank features, per-speaker CMVN stats")
+              check=check, doc="fbank features, per-speaker CMVN stats")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from omegaconf import DictConfig
+
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
 from asrtrain.stages.features import feature_options
@@ -37,5 +39,10 @@ def run(ctx: StageContext) -> None:
                          nj=JobConfig.from_config(cfg, log_dir=job_log_dir(paths.exp)))
 
 
+def check(cfg: DictConfig) -> None:
+    """The ``mfcc`` section read by :func:`asrtrain.settings.read` (unknown keys, types)."""
+    feature_options(cfg, "mfcc")
+
+
 STAGE = Stage("mfcc", run, reads=("prepare",), config=("mfcc", "corpus.resample"),
-              doc="MFCC copies of the data sets for the GMMs")
+              check=check, doc="MFCC copies of the data sets for the GMMs")

@@ -31,7 +31,7 @@ log = logging.getLogger("asrtrain")
 LAUNCH_ONLY = ("log_every", "threads", "timeout_s", "nnodes", "node_rank", "rdzv_endpoint",
                "gossip_idle_s", "gossip_backend", "cpu", "keep_checkpoints", "keep_best",
                "chunk_data")
-#: What a learner's error says of a full disk (``asrtrain.pipeline.describe_os_error``).
+#: What a learner's error says of a full disk (``asrtrain.fileio.describe_os_error``).
 NO_SPACE = "no space left on the device of "
 #: Trainer settings a run may change and still continue from its checkpoints.
 RESUMABLE = ("epochs", "learners")

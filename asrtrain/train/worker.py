@@ -38,7 +38,7 @@ def run_learner(config_path: str | Path) -> Path:
     except OSError as e:
         if "TORCHELASTIC_RUN_ID" not in os.environ:
             raise  # in the stage's own process: the stage says it (asrtrain.pipeline)
-        from asrtrain.pipeline import describe_os_error
+        from asrtrain.fileio import describe_os_error
 
         # A learner of several: one line (a full disk, a read-only dir) for the launcher to
         # quote; no closing collective, which the others, inside another one, would take for

@@ -37,7 +37,7 @@ from asrtrain.data.corpora.ldc import (
     require_dir,
     side_tables,
 )
-from asrtrain.data.datadir import DataDir, Segment
+from asrtrain.data.datadir import DataDir, Segment, remove_dup_utts
 
 log = logging.getLogger(__name__)
 
@@ -267,29 +267,6 @@ def _read_transcripts(trans_files: list[Path]) -> dict[str, tuple[list[str], Pat
         if n_lines == 0:
             raise AsrtrainError(f"{path}: empty transcript file")
     return out
-
-
-def remove_dup_utts(data: DataDir, max_count: int) -> DataDir:
-    """Kaldi's utils/data/remove_dup_utts.sh: at most ~max_count copies of any transcript.
-
-    Transcripts seen fewer than ``max_count`` times are all kept; the others are kept with
-    probability max_count/n drawn from Kaldi's own predictable generator, so the same utterances
-    survive as in Kaldi.
-    """
-    counts: dict[str, int] = {}
-    for utt in sorted(data.text):
-        counts[data.text[utt]] = counts.get(data.text[utt], 0) + 1
-    k = 0
-    keep = []
-    for utt in sorted(data.text):
-        n = counts[data.text[utt]]
-        if n < max_count:
-            keep.append(utt)
-            continue
-        k = (k + 103349) % 71147
-        if k / 71147 < max_count / n:
-            keep.append(utt)
-    return data.subset(keep)
 
 
 def prepare_swbd(audio_dir: Path, transcripts_dir: Path, dev_utts: int = 4000,

@@ -1,0 +1,116 @@
+"""One config reader (asrtrain.settings.read) for every stage's section: defaults in one place,
+equal to the YAML groups of conf/; unknown keys and wrong types refused in one line naming
+``<section>.<key>``, through the CLI too."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from asrtrain import AsrtrainError
+from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
+from asrtrain.decode import GmmDecodeConfig, HybridDecodeConfig
+from asrtrain.features.extract import FeatureOptions, FeaturesConfig, MfccConfig
+from asrtrain.settings import defaults, read
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _yaml(path: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(REPO / "conf" / path), resolve=False)
+
+
+@pytest.mark.parametrize(("group", "cls", "not_listed"), [
+    # resample comes from corpus.resample, num_ceps is MFCC's, append the hybrid's 260 dims
+    ("features/fbank40.yaml", FeaturesConfig, {"resample", "num_ceps", "append"}),
+    ("mfcc/kaldi13.yaml", MfccConfig, {"resample"}),
+])
+def test_yaml_defaults_are_the_dataclass_defaults(group: str, cls: type,
+                                                  not_listed: set[str]) -> None:
+    yaml = _yaml(group)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert set(yaml) == fields - not_listed, (sorted(set(yaml) - fields),
+                                              sorted(fields - set(yaml)))
+    assert read(cls, yaml, group) == cls()
+    assert {k: defaults(cls)[k] for k in yaml} == yaml
+
+
+def test_every_conf_group_and_recipe_section_reads() -> None:
+    """What conf/ and the recipes give today stays valid."""
+    for path in sorted((REPO / "conf" / "features").glob("*.yaml")):
+        section = {k: v for k, v in _yaml(f"features/{path.name}").items() if k != "defaults"}
+        FeatureOptions.from_config(section, "features")
+    for path in sorted((REPO / "conf" / "align").glob("*.yaml")):
+        for name, opts in (_yaml(f"align/{path.name}").get("passes") or {}).items():
+            gmm = {k: v for k, v in opts.items() if k not in ("from", "data")}
+            GmmConfig.from_config(gmm, f"align.passes.{name}",
+                                  **(TRI_DEFAULTS if opts.get("from") else {}))
+    for path in sorted((REPO / "conf" / "hybrid").glob("*.yaml")):
+        HybridDecodeConfig.from_config(_yaml(f"hybrid/{path.name}").get("decode"),
+                                       "hybrid.decode")
+
+
+def test_defaults_fill_the_rest_and_values_are_typed() -> None:
+    c = read(FeaturesConfig, {"num_mel_bins": 80, "dither": 0, "append": ["fmllr"]}, "features")
+    assert (c.num_mel_bins, c.dither, c.append) == (80, 0.0, ("fmllr",))
+    assert isinstance(c.dither, float) and c.frame_shift == FeaturesConfig().frame_shift
+    assert read(FeaturesConfig, None, "features") == FeaturesConfig()
+    assert read(FeaturesConfig, c, "features") is c
+    # the extraction options only: what the arks' key is made of
+    assert FeatureOptions.from_config({"delta_order": 2}, "features") == FeatureOptions()
+    assert FeatureOptions.from_config({}, "mfcc").kind == "mfcc"
+    g = GmmConfig.from_config({"num_leaves": 200}, "align.passes.tri1", **TRI_DEFAULTS)
+    assert (g.num_leaves, g.num_iters, g.realign_iters) == (200, 35, (10, 20, 30))
+
+
+@pytest.mark.parametrize(("read_it", "message"), [
+    (lambda: FeatureOptions.from_config({"bogus": 1}, "features"),
+     "features.bogus: unknown setting; known: append, delta_order, dither,"),
+    (lambda: FeatureOptions.from_config({"kind": "plp"}, "mfcc"),
+     "mfcc.kind='plp': expected one of fbank, mfcc"),
+    (lambda: FeatureOptions.from_config({"num_mel_bins": "forty"}, "features"),
+     "features.num_mel_bins='forty': expected an integer >= 1"),
+    (lambda: FeatureOptions.from_config({"delta_order": -1}, "hybrid.features"),
+     "hybrid.features.delta_order=-1: expected an integer >= 0"),
+    (lambda: FeatureOptions.from_config({"append": "fmllr"}, "features"),
+     "features.append='fmllr': expected a list"),
+    (lambda: FeatureOptions.from_config({"use_energy": "no"}, "features"),
+     "features.use_energy='no': expected true or false"),
+    (lambda: GmmConfig.from_config({"num_leaves": 2.5}, "align.passes.tri1"),
+     "align.passes.tri1.num_leaves=2.5: expected an integer"),
+    (lambda: GmmConfig.from_config({"realign_iters": [1, "x"]}, "align.passes.mono"),
+     r"align.passes.mono.realign_iters\[1\]='x': expected an integer"),
+    (lambda: GmmConfig.from_config({"type": "fmllr"}, "align.passes.tri4"),
+     "align.passes.tri4.type='fmllr': expected one of deltas, lda_mllt, sat"),
+    (lambda: GmmConfig.from_config({"splice_opts": 3}, "align.passes.tri3"),
+     "align.passes.tri3.splice_opts: unknown setting; known: acoustic_scale,"),
+    (lambda: GmmDecodeConfig.from_config({"beam": "wide"}, "align.decode"),
+     "align.decode.beam='wide': expected a number"),
+    (lambda: HybridDecodeConfig.from_config({"wips": [0, None]}, "hybrid.decode"),
+     r"hybrid.decode.wips\[1\]=None: expected a number"),
+])
+def test_bad_settings_are_one_line_naming_the_key(read_it, message: str) -> None:
+    with pytest.raises(AsrtrainError, match=message) as e:
+        read_it()
+    assert "\n" not in str(e.value)
+
+
+def test_an_unknown_key_on_the_command_line_is_one_line(tmp_path: Path) -> None:
+    """Through the CLI, before anything runs: Hydra's refusal of a new key and the stage's
+    check of an added one say the same line."""
+    for override in ("features.bogus=1", "+features.bogus=1", "+mfcc.bogus=1"):
+        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                               f"exp_dir={tmp_path / 'exp'}", override, "--dry-run"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        section = override.lstrip("+").split(".")[0]
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"asrtrain: error: {section}.bogus: unknown setting; known: "), proc.stderr
+        assert "delta_order" in lines[0] or section == "mfcc"
+    assert not (tmp_path / "exp").exists()
