@@ -278,6 +278,7 @@ def check(cfg: DictConfig) -> None:
 def _check_passes(cfg: DictConfig) -> None:
     """Every pass after the first starts from an earlier one; its type is known; a SAT pass
     starts from an LDA+MLLT or SAT pass (train_sat.sh needs the ``final.mat`` it adapts)."""
+    from asrtrain.align.config import GmmConfig
     from asrtrain.data.datadir import check_subset_rules
 
     if not cfg.align.passes:
@@ -293,6 +294,8 @@ def _check_passes(cfg: DictConfig) -> None:
             raise AsrtrainError(f"align.passes.{name}.type={kind!r}: expected one of "
                                 f"{', '.join(PASS_TYPES)}")
         check_subset_rules(_plain(opts.get("data")), f"align.passes.{name}.data")
+        GmmConfig.from_config({k: v for k, v in _plain(opts).items() if k not in ("from", "data")},
+                              f"align.passes.{name}")   # types, ranges, unknown keys
         if opts.get("data") and i == len(names) - 1:
             raise AsrtrainError(f"align.passes.{name}.data: the last pass trains on all of "
                                 f"sets.train ({cfg.sets.train}): the hybrid model and the fMLLR "
