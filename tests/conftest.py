@@ -250,3 +250,47 @@ def tiny_tri1(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return exp
+
+
+@pytest.fixture(scope="session")
+def hybrid_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny corpus's eval2000 (espeak-ng speech, stm + glm) with MFCC (for the GMM) and fbank
+    (for the BLSTM) features, a monophone GMM trained on eval2000 itself (test_hybrid_decode's
+    MONO; its text in the lexicon's case, out-of-vocabulary words as <unk>) and its HCLG: built
+    once a session for test_hybrid_decode and test_decode_scale (each had a module's copy)."""
+    import shutil
+
+    from test_hybrid_decode import MONO
+
+    from asrtrain.align.train import train_mono
+    from asrtrain.data.corpora import prepare_corpus
+    from asrtrain.data.datadir import DataDir
+    from asrtrain.decode.graph import make_graph
+    from asrtrain.features.extract import FeatureOptions, compute_features
+    from asrtrain.lang.lexicon import prepare_lang
+    from asrtrain.lang.ngram import train_lm
+    from asrtrain.lang.phones import SymbolTable
+
+    _one_thread()
+    root = tmp_path_factory.mktemp("hybrid")
+    data = root / "exp" / "data"
+    prepare_corpus({"kind": "tiny", "root": str(REPO / "data" / "tiny"), "dev_utts": 40,
+                    "max_dup": 4, "expected_test_sides": 12}, data)
+    test, gmm_data = data / "eval2000", root / "eval2000_mfcc"
+    shutil.copytree(test, gmm_data)
+    (gmm_data / "stm").unlink()
+    prepare_lang(data / "local" / "dict", root / "lang")
+    # the lexicon's case, out-of-vocabulary words (hesitations, partial words) as <unk>
+    vocab = set(SymbolTable.read(root / "lang" / "words.txt").id2sym)
+    d = DataDir.read(test)
+    (gmm_data / "text").write_text("".join(
+        f"{u} {' '.join(w if w in vocab else '<unk>' for w in d.text[u].lower().split())}\n"
+        for u in d.utts))
+    compute_features(gmm_data, root / "mfcc", FeatureOptions(kind="mfcc", num_mel_bins=23), nj=1)
+    compute_features(test, root / "fbank", FeatureOptions(kind="fbank", num_mel_bins=40), nj=1)
+    texts = [t for s in (data / "train", gmm_data) for t in DataDir.read(s).text.values()]
+    train_lm(texts, root / "lang", root / "lm", order=3)
+    train_mono(gmm_data, root / "lang", root / "ali" / "eval2000", MONO)
+    make_graph(root / "lang", root / "lm", root / "ali" / "eval2000", root / "graph")
+    return {"root": root, "test": test, "gmm_data": gmm_data, "ali": root / "ali" / "eval2000",
+            "graph": root / "graph"}

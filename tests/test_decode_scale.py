@@ -2,8 +2,8 @@
 ``max_active`` caps the FasterDecoder's active states (a small cap still decodes, a large one
 equals no cap), and the real-time factor per core is reported in ``decode.json``.
 
-The graph, features and GMM come from test_hybrid_decode's module fixture (built again for this
-module: a monophone GMM on eval2000 and its HCLG).
+The graph, features and GMM are conftest's session hybrid_setup (test_hybrid_decode's too: a
+monophone GMM on eval2000 and its HCLG).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_hybrid_decode import FAST, oracle_loglikes, setup, train_blstm  # noqa: F401
+from test_hybrid_decode import FAST, oracle_loglikes, train_blstm
 
 from asrtrain.decode import job_shares
 from asrtrain.decode.graph import decode_gmm
@@ -22,12 +22,17 @@ pytestmark = pytest.mark.timeout(600)
 NO_CAP = 2**31 - 1
 
 
+@pytest.fixture(scope="module")
+def setup(hybrid_setup: dict[str, Path]) -> dict[str, Path]:
+    return hybrid_setup
+
+
 def _outputs(out: Path) -> tuple[str, str, list]:
     summary = json.loads((out / "decode.json").read_text())
     return (out / "text").read_text(), (out / "ctm").read_text(), summary["sweep"]
 
 
-def test_parallel_jobs_decode_as_one_job(setup, tmp_path) -> None:  # noqa: F811
+def test_parallel_jobs_decode_as_one_job(setup, tmp_path) -> None:
     train_blstm(setup, tmp_path / "final.pt", steps=30)
     options = {**FAST, "beam": 7.0, "lattice_beam": 3.0, "threads": 1, "batch_chunks": 64}
     one = decode_hybrid(tmp_path / "final.pt", setup["graph"], setup["test"], tmp_path / "one",
@@ -48,7 +53,7 @@ def test_parallel_jobs_decode_as_one_job(setup, tmp_path) -> None:  # noqa: F811
     assert few["jobs"] == 1 and _outputs(tmp_path / "few") == _outputs(tmp_path / "one")
 
 
-def test_a_large_max_active_equals_no_cap_and_a_small_one_decodes(setup, tmp_path) -> None:  # noqa: F811
+def test_a_large_max_active_equals_no_cap_and_a_small_one_decodes(setup, tmp_path) -> None:
     faster = {**FAST, "decoder": "faster"}
     runs = {}
     for cap in (NO_CAP, 7000, 200, 5):
@@ -63,7 +68,7 @@ def test_a_large_max_active_equals_no_cap_and_a_small_one_decodes(setup, tmp_pat
     assert wer[NO_CAP] < 2.0 and wer[200] < 2.0 < wer[5]
 
 
-def test_gmm_decoding_in_parallel_jobs_as_in_one(setup, tmp_path) -> None:  # noqa: F811
+def test_gmm_decoding_in_parallel_jobs_as_in_one(setup, tmp_path) -> None:
     options = {"beam": 11.0, "max_active": 2000}
     one = decode_gmm(setup["ali"], setup["graph"], setup["gmm_data"], tmp_path / "one", options)
     two = decode_gmm(setup["ali"], setup["graph"], setup["gmm_data"], tmp_path / "two", options,

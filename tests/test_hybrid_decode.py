@@ -20,16 +20,9 @@ import torch
 from omegaconf import OmegaConf
 
 from asrtrain import AsrtrainError
-from asrtrain.align.train import train_mono
-from asrtrain.data.corpora import prepare_corpus
 from asrtrain.data.datadir import DataDir, read_table
 from asrtrain.decode import HybridDecodeConfig
-from asrtrain.decode.graph import make_graph
 from asrtrain.decode.hybrid import decode_hybrid, decode_loglikes, pseudo_loglikes
-from asrtrain.features.extract import FeatureOptions, compute_features
-from asrtrain.lang.lexicon import prepare_lang
-from asrtrain.lang.ngram import train_lm
-from asrtrain.lang.phones import SymbolTable
 from asrtrain.models import build_model
 from asrtrain.score import counts_json, score_decode
 from asrtrain.train import checkpoint
@@ -45,30 +38,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict[str, Path]:
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("hybrid")
-    data = root / "exp" / "data"
-    prepare_corpus({"kind": "tiny", "root": str(REPO / "data" / "tiny"), "dev_utts": 40,
-                    "max_dup": 4, "expected_test_sides": 12}, data)
-    test, gmm_data = data / "eval2000", root / "eval2000_mfcc"
-    shutil.copytree(test, gmm_data)
-    (gmm_data / "stm").unlink()
-    prepare_lang(data / "local" / "dict", root / "lang")
-    # the lexicon's case, out-of-vocabulary words (hesitations, partial words) as <unk>
-    vocab = set(SymbolTable.read(root / "lang" / "words.txt").id2sym)
-    d = DataDir.read(test)
-    (gmm_data / "text").write_text("".join(
-        f"{u} {' '.join(w if w in vocab else '<unk>' for w in d.text[u].lower().split())}\n"
-        for u in d.utts))
-    compute_features(gmm_data, root / "mfcc", FeatureOptions(kind="mfcc", num_mel_bins=23), nj=1)
-    compute_features(test, root / "fbank", FeatureOptions(kind="fbank", num_mel_bins=40), nj=1)
-    texts = [t for s in (data / "train", gmm_data) for t in DataDir.read(s).text.values()]
-    train_lm(texts, root / "lang", root / "lm", order=3)
-    train_mono(gmm_data, root / "lang", root / "ali" / "eval2000", MONO)
-    make_graph(root / "lang", root / "lm", root / "ali" / "eval2000", root / "graph")
-    return {"root": root, "test": test, "gmm_data": gmm_data, "ali": root / "ali" / "eval2000",
-            "graph": root / "graph"}
+def setup(hybrid_setup: dict[str, Path]) -> dict[str, Path]:
+    """conftest's session hybrid_setup (shared with test_decode_scale): eval2000's GMM, HCLG."""
+    return hybrid_setup
 
 
 def oracle_loglikes(ali_dir: Path):
