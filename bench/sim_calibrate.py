@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import delay_by_one  # bench/delay_by_one.py: the namespaces, the veth pair and a two-node run
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,13 @@ sys.path.insert(0, str(REPO))
 
 from asrtrain.distributed.registry import sim_shape  # noqa: E402
 from asrtrain.distributed.topology import Schedule  # noqa: E402
-from asrtrain.simulate.timing import Network, step_time  # noqa: E402
+from asrtrain.simulate.timing import (  # noqa: E402
+    GossipClock,
+    Network,
+    gossip_events,
+    ring_allreduce_s,
+    step_time,
+)
 
 #: Payload bytes per byte on the wire for full TCP segments over Ethernet (1448 of 1514).
 WIRE_EFFICIENCY = 1448 / 1514
@@ -50,6 +57,7 @@ BATCH_FRAMES = 750
 #: allreduce or the consensus averaging after the first epoch (4 of 7 two-epoch runs at load
 #: 3-4; one-epoch runs did not), so runs are one epoch and a failed one is tried again.
 TRIES = 3
+IDLE_S = 0.1  # trainer.gossip_idle_s's default
 
 
 def rate_bytes(rate: str) -> float:
@@ -124,10 +132,15 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
     nbytes = free["model_bytes"]
     base = predict(backend, learners, delay, nbytes, unlimited, 1.0)
     epochs = free["epochs"]
-    per_step = free["run_seconds"] / free["steps_mean"] - base.allreduce_s
+    free_wall = simulated_wall(backend, learners, delay, nbytes, unlimited, base,
+                               free["steps_mean"], free["epochs"])  # its gossip at 1 s a step
+    # The unlimited run's seconds a step: its wall time less what the model gives its link
+    # (next to nothing), over its steps.
+    per_step = (free["run_seconds"] - (free_wall - free["steps_mean"] * base.step_s)) / free[
+        "steps_mean"] - base.allreduce_s
     ours = predict(backend, learners, delay, nbytes, net, per_step)
-    drain = epochs * ours.round_s  # each epoch ends by finishing the round in flight
-    wall = limited["steps_mean"] * ours.step_s + drain
+    wall = simulated_wall(backend, learners, delay, nbytes, net, ours, limited["steps_mean"],
+                          epochs)
     seeds = {str(d): predict(backend, learners, d, nbytes, net, per_step, True)
              for d in (False, True)}
     rounds_per_s = ours.rounds_per_step / ours.step_s if ours.round_s else None
@@ -149,6 +162,27 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
         out["predicted"]["exchanges_per_s"] = rounds_per_s * phases
         out["real_exchanges_per_s"] = limited["exchanges_per_s"]
     return out
+
+
+def simulated_wall(backend: str, learners: int, delay: bool, nbytes: float, net: Network,
+                   st, steps: float, epochs: int) -> float:
+    """The simulator's wall time for ``steps`` equal steps of ``st.step_s``: the gossip
+    thread's event timing (timing.gossip_events: rounds at the model's exchange time, the drain
+    that ends the epoch), then the epoch's consensus (a model allreduce over all learners across
+    the link, for the gossiping backends)."""
+    shape = sim_shape(backend)
+    members = shape.members(learners, learners // 2)
+    n = round(steps / epochs)
+    if members < 2:
+        return epochs * n * st.step_s
+    sched = Schedule(members, TOPOLOGY, 1)
+    clock, now = GossipClock(), 0.0
+    for _ in range(epochs):
+        ends = [now + np.arange(1, n + 1) * st.step_s for _ in range(members)]
+        _events, now = gossip_events(sched, ends, now, clock, delay, IDLE_S,
+                                     st.event_exchange_s, 0)
+        now += ring_allreduce_s(learners, nbytes, net.bandwidth, net.latency_s)
+    return now
 
 
 def fit_bandwidth(free: dict, limited: dict) -> float:
@@ -183,6 +217,23 @@ def analyse(rows: list[dict], rate: str) -> dict:
             "comparisons": comparisons}
 
 
+def table(result: dict) -> str:
+    """docs/science.md's calibration table."""
+    lines = ["| backend | learners | delay-by-one | unlimited (s) | real, limited (s) | "
+             "simulated (s) | ratio | ratio at the tc rate | seeds' learner, no delay / "
+             "delay-by-one (s) | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["comparisons"]:
+        seeds = c["seeds_learner_wall_s"]
+        lines.append(
+            f"| {c['backend']} | {c['learners']} | {'yes' if c['delay_by_one'] else 'no'} | "
+            f"{c['unlimited_wall_s']:.2f} | {c['real_wall_s']:.2f} | "
+            f"{c['predicted']['wall_s']:.2f} | {c['ratio']:.2f} | "
+            f"{c['ratio_at_nominal_rate']:.2f} | {seeds['delay_by_one=False']:.2f} / "
+            f"{seeds['delay_by_one=True']:.2f} | {c['load'][0]:.1f}, {c['load'][1]:.1f}"
+            + (" (the bandwidth's fit) |" if c["fit_point"] else " |"))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="20mbit", help="tc rate of each veth end")
@@ -211,6 +262,7 @@ def main() -> None:
     tmp_out.rename(args.out)
     print(f"fitted {result['fitted_bytes_per_s']:.0f} B/s "
           f"({result['fitted_fraction_of_nominal']:.2f} of the tc rate)")
+    print(table(result))
     for p in result["comparisons"]:
         print(f"{p['backend']:8s} {p['learners']} learners delay_by_one={p['delay_by_one']!s:5s}"
               f" predicted {p['predicted']['wall_s']:6.2f} s real {p['real_wall_s']:6.2f} s "

@@ -1,0 +1,169 @@
+"""The simulator's time model (asrtrain.simulate.timing, issue 24 items 2 and 3): its arithmetic,
+its agreement with the event timing of the gossip thread, and the committed results behind
+docs/science.md (bench/seeds_time.py, bench/sim_calibrate.py) against the doc's tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import seeds_time  # bench/seeds_time.py (conftest puts bench/ on the path)
+import sim_calibrate  # bench/sim_calibrate.py
+
+from asrtrain.distributed.registry import sim_shape
+from asrtrain.distributed.topology import Schedule
+from asrtrain.simulate.timing import (
+    EXCHANGE,
+    GossipClock,
+    Network,
+    gossip_events,
+    ring_allreduce_s,
+    step_time,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "science.md"
+MB = 1e6
+
+
+def test_ring_allreduce_is_bandwidth_optimal_with_latency_per_message() -> None:
+    assert ring_allreduce_s(1, 100 * MB, 1e9, 1e-3) == 0.0
+    # 4 peers: each link carries 2*3/4 of the bytes in 6 messages.
+    assert ring_allreduce_s(4, 100 * MB, 1e9, 1e-3) == pytest.approx(0.15 + 0.006)
+    # Bandwidth term bounded by 2 bytes/bw however many peers.
+    assert ring_allreduce_s(1024, 100 * MB, 1e9, 0.0) < 0.2
+
+
+def test_ssgd_pays_the_nic_across_nodes_and_the_intra_links_inside_one() -> None:
+    net = Network(bandwidth=1e9, latency_s=1e-4, intra_bandwidth=1e10, intra_latency_s=1e-5)
+    ssgd = sim_shape("ssgd")
+    across = step_time(ssgd, 8, 4, 2, 0.1, 100 * MB, net, 0, False)
+    inside = step_time(ssgd, 8, 8, 1, 0.1, 100 * MB, net, 0, False)
+    assert across.allreduce_s == pytest.approx(ring_allreduce_s(8, 100 * MB, 1e9, 1e-4))
+    assert inside.allreduce_s == pytest.approx(ring_allreduce_s(8, 100 * MB, 1e10, 1e-5))
+    assert across.step_s == pytest.approx(0.1 + across.allreduce_s)
+    assert across.round_s == 0.0 and across.rounds_per_step == 0.0
+
+
+def test_compute_waits_for_gossip_only_in_the_seeds_learner_and_delay_by_one_hides_it() -> None:
+    """An exchange slower than a step: this trainer's learner steps on and its rounds thin out;
+    the seeds' learner waits for its round (compute + round), unless delay-by-one lets the round
+    travel during the next step (max of the two)."""
+    net = Network(bandwidth=1e8, latency_s=1e-3)  # 100 MB/s: a 100 MB exchange takes ~1 s
+    shape = sim_shape("adpsgd")
+    ours = step_time(shape, 8, 1, 8, 0.5, 100 * MB, net, 2, False)
+    assert ours.exchange_s == pytest.approx(1e-3 + 1.0)
+    assert ours.round_s == pytest.approx(2 * ours.exchange_s)
+    assert ours.step_s == 0.5 and ours.wait_s == 0.0
+    assert ours.rounds_per_step == pytest.approx(0.5 / ours.round_s)
+    waits = step_time(shape, 8, 1, 8, 0.5, 100 * MB, net, 2, False, compute_waits=True)
+    hides = step_time(shape, 8, 1, 8, 0.5, 100 * MB, net, 2, True, compute_waits=True)
+    assert waits.step_s == pytest.approx(0.5 + waits.round_s)
+    assert hides.step_s == pytest.approx(max(0.5, hides.round_s))
+    assert hides.step_s < waits.step_s
+    fast = step_time(shape, 8, 1, 8, 5.0, 100 * MB, net, 2, True, compute_waits=True)
+    assert fast.step_s == 5.0 and fast.rounds_per_step == 1.0  # delay-by-one hides it all
+
+
+def test_learners_of_a_node_share_its_nic_hadpsgd_leaders_do_not() -> None:
+    net = Network(bandwidth=1e9, intra_bandwidth=1e10)
+    flat = step_time(sim_shape("adpsgd"), 8, 4, 2, 0.1, 100 * MB, net, 2, False)
+    # 4 members a node, 8 in all: 4 * 4/7 of a node's members cross its NIC in a phase.
+    assert flat.exchange_s == pytest.approx(0.1 * 4 * 4 / 7)
+    hier = step_time(sim_shape("hadpsgd"), 8, 4, 2, 0.1, 100 * MB, net, 1, False)
+    assert hier.exchange_s == pytest.approx(0.1)  # one leader a node
+    # The node's gradient allreduce, and the leader's gossip change shared in the node.
+    assert hier.allreduce_s == pytest.approx(ring_allreduce_s(4, 100 * MB, 1e10, 0.0)
+                                             + 0.75 * 100 * MB / 1e10)
+    assert flat.allreduce_s == 0.0
+    with pytest.raises(ValueError, match="bandwidth=0"):
+        Network(bandwidth=0)
+
+
+@pytest.mark.parametrize(("compute_s", "delay_by_one"), [(0.4, False), (0.4, True),
+                                                         (2.0, False)])
+def test_the_analytic_round_rate_is_the_gossip_threads_event_timing(
+        compute_s: float, delay_by_one: bool) -> None:
+    """Equal learners stepping every ``compute_s``: the rounds the event timing of the gossip
+    thread (timing.gossip_events, what the simulator runs) fits into 60 steps are the model's
+    rounds per step times 60, to a round or two (the first step and the drain)."""
+    net = Network(bandwidth=1e8)
+    members, steps = 8, 60
+    st = step_time(sim_shape("adpsgd"), members, 1, members, compute_s, 50 * MB, net, 2,
+                   delay_by_one)
+    sched = Schedule(members, "random_ring", 1)
+    ends = [np.arange(1, steps + 1) * st.step_s for _ in range(members)]
+    events, _end = gossip_events(sched, ends, 0.0, GossipClock(), delay_by_one, 1e9,
+                                 st.event_exchange_s, 0)
+    rounds = max(e[1] for e in events if e[3] == EXCHANGE) + 1
+    assert abs(rounds - st.rounds_per_step * steps) <= 2, (rounds, st.rounds_per_step * steps)
+
+
+# -- the committed results and docs/science.md ------------------------------------------------
+
+def _doc_table(after: str) -> list[list[str]]:
+    """The rows of the first table after the line starting with ``after``."""
+    text = DOC.read_text()
+    start = text.index(after)
+    rows = []
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]  # past the header and its rule
+
+
+def test_the_seeds_prediction_is_the_committed_json_and_the_docs_table() -> None:
+    committed = json.loads((REPO / "docs" / "science" / "seeds_time.json").read_text())
+    assert seeds_time.result() == committed  # the model gives what was committed
+    doc = _doc_table("Predicted hours for the seeds' runs")
+    expected = [[c.strip() for c in line.strip("|").split("|")]
+                for line in seeds_time.table(committed).splitlines()[2:]]
+    assert doc == expected
+    # The inputs the doc states are the JSON's.
+    assert committed["v100_step_s"] == pytest.approx(128 * 21 * 7 * 24 * 3600 / (16 * 720e6))
+    assert committed["inputs"]["parameters"] == 42.6e6
+
+
+def test_every_quantitative_figure_of_the_seeds_has_a_claims_row_with_a_verdict() -> None:
+    rows = _doc_table("### Every quantitative figure of the seeds")
+    figures = {r[0]: r for r in rows}
+    verdicts = ("reproduced", "predicted by the time model", "not reproducible here", "input")
+    for row in rows:
+        assert any(v in row[2].lower() for v in verdicts), row
+    text = " ".join(" ".join(r) for r in rows)
+    for figure in ("11.5 h", "5.2 h", "2.28 h", "1.98 h", "7.6", "13.2", "7.5", "7.7", "42.6M",
+                   "100 Gb/s", "12,288", "4,096", "8,192", "a week", "32", "64", "128"):
+        assert figure in text, figure
+    wer = [r for name, r in figures.items() if "WER" in name]
+    assert len(wer) == 3 and all("not reproducible here" in r[2] for r in wer)
+    committed = json.loads((REPO / "docs" / "science" / "seeds_time.json").read_text())
+    hours = {(p["method"], p["learners"], p["compute_waits"], p["delay_by_one"]): p["hours"]
+             for p in committed["predicted"]}
+    for row in rows:  # every predicted hour quoted in the claims table is the JSON's
+        for method, n, h in re.findall(r"(ssgd|adpsgd|hadpsgd) at (\d+): ([\d.]+) h", row[3]):
+            assert any(f"{v:.2f}" == h for k, v in hours.items()
+                       if k[0] == method and k[1] == int(n)), (method, n, h)
+
+
+def test_the_calibration_table_is_the_committed_runs() -> None:
+    """docs/science.md's calibration table: each row's figures are the committed JSON's, and the
+    JSON's comparisons are what bench/sim_calibrate.py computes from its runs."""
+    committed = json.loads((REPO / "docs" / "science" / "sim_calibrate.json").read_text())
+    again = sim_calibrate.analyse(committed["runs"], committed["rate"])
+    assert json.loads(json.dumps(again)) == {k: committed[k] for k in again}
+    doc = _doc_table("### Calibration against real gloo runs")
+    assert len(doc) == len(committed["comparisons"])
+    for row, c in zip(doc, committed["comparisons"], strict=True):
+        assert row[:3] == [c["backend"], str(c["learners"]), "yes" if c["delay_by_one"] else
+                           "no"]
+        numbers = [float(x) for x in row[3:8]]
+        assert numbers == pytest.approx([c["unlimited_wall_s"], c["real_wall_s"],
+                                         c["predicted"]["wall_s"], c["ratio"],
+                                         c["ratio_at_nominal_rate"]], abs=0.0051)
+        assert math.isfinite(c["load"][1])
