@@ -94,7 +94,7 @@ def check(cfg: DictConfig) -> None:
     from asrtrain.models.average import CheckpointChoice
 
     options = _options(cfg.hybrid)
-    HybridDecodeConfig.from_config(options)
+    HybridDecodeConfig.from_config(options, "hybrid.decode")
     trainer = OmegaConf.merge(cfg.trainer, cfg.hybrid.get("trainer") or {})
     CheckpointChoice.from_config(options, "hybrid.decode").check_kept(
         trainer, "hybrid.decode", "hybrid.trainer")
