@@ -303,7 +303,7 @@ def test_stages_auto_runs_ivectors_when_the_hybrid_input_appends_them() -> None:
 
 def test_a_stage_without_the_group_or_a_bad_value_is_one_line(features_exp: Path) -> None:
     line = fails(features_exp, *STAGE, "ivector.online.period=0")
-    assert "ivector.online.period=0: expected a whole number of at least 1" in line
+    assert "ivector.online.period=0: expected an integer >= 1" in line
     line = fails(features_exp, *STAGE, "ivector.source=hmm")
     assert "ivector.source='hmm': expected one of train, kaldi" in line
     line = fails(features_exp, *STAGE, "~ivector")

@@ -17,6 +17,7 @@ from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
 from asrtrain.decode import GmmDecodeConfig, HybridDecodeConfig
 from asrtrain.features.extract import FeatureOptions, FeaturesConfig, MfccConfig
 from asrtrain.settings import defaults, read
+from asrtrain.stages.ivectors import IvectorConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,7 @@ def _yaml(path: str) -> dict:
     # resample comes from corpus.resample, num_ceps is MFCC's, append the hybrid's 260 dims
     ("features/fbank40.yaml", FeaturesConfig, {"resample", "num_ceps", "append"}),
     ("mfcc/kaldi13.yaml", MfccConfig, {"resample"}),
+    ("ivector/default.yaml", IvectorConfig, set()),
 ])
 def test_yaml_defaults_are_the_dataclass_defaults(group: str, cls: type,
                                                   not_listed: set[str]) -> None:
@@ -37,7 +39,7 @@ def test_yaml_defaults_are_the_dataclass_defaults(group: str, cls: type,
     assert set(yaml) == fields - not_listed, (sorted(set(yaml) - fields),
                                               sorted(fields - set(yaml)))
     assert read(cls, yaml, group) == cls()
-    assert {k: defaults(cls)[k] for k in yaml} == yaml
+    assert {k: defaults(cls)[k] for k in yaml} == yaml   # nested sections key for key
 
 
 def test_every_conf_group_and_recipe_section_reads() -> None:
@@ -50,6 +52,10 @@ def test_every_conf_group_and_recipe_section_reads() -> None:
             gmm = {k: v for k, v in opts.items() if k not in ("from", "data")}
             GmmConfig.from_config(gmm, f"align.passes.{name}",
                                   **(TRI_DEFAULTS if opts.get("from") else {}))
+    tiny = read(IvectorConfig, {k: v for k, v in _yaml("ivector/tiny.yaml").items()
+                                if k != "defaults"}, "ivector")
+    assert (tiny.ubm.num_gauss, tiny.ubm.num_gselect, tiny.extractor.gaussian_min_count) == (
+        64, IvectorConfig().ubm.num_gselect, 10.0)
     for path in sorted((REPO / "conf" / "hybrid").glob("*.yaml")):
         HybridDecodeConfig.from_config(_yaml(f"hybrid/{path.name}").get("decode"),
                                        "hybrid.decode")
@@ -89,6 +95,14 @@ def test_defaults_fill_the_rest_and_values_are_typed() -> None:
      "align.passes.tri4.type='fmllr': expected one of deltas, lda_mllt, sat"),
     (lambda: GmmConfig.from_config({"splice_opts": 3}, "align.passes.tri3"),
      "align.passes.tri3.splice_opts: unknown setting; known: acoustic_scale,"),
+    (lambda: read(IvectorConfig, {"online": {"period": 0}}, "ivector"),
+     "ivector.online.period=0: expected an integer >= 1"),
+    (lambda: read(IvectorConfig, {"ubm": {"num_gaus": 8}}, "ivector"),
+     "ivector.ubm.num_gaus: unknown setting; known: min_gaussian_weight, num_frames,"),
+    (lambda: read(IvectorConfig, {"ubm": 8}, "ivector"),
+     "ivector.ubm=8: expected a mapping of num_gauss,"),
+    (lambda: read(IvectorConfig, {"kaldi_dirs": ["a"]}, "ivector"),
+     r"ivector.kaldi_dirs=\['a'\]: expected a mapping"),
     (lambda: GmmDecodeConfig.from_config({"beam": "wide"}, "align.decode"),
      "align.decode.beam='wide': expected a number"),
     (lambda: HybridDecodeConfig.from_config({"wips": [0, None]}, "hybrid.decode"),

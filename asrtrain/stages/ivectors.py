@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +36,7 @@ from asrtrain.fileio import write_text
 from asrtrain.jobs import JobConfig, job_log_dir, set_threads
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
+from asrtrain.settings import choice, integer, number, opt, read
 
 log = logging.getLogger("asrtrain")
 
@@ -43,8 +45,73 @@ SOURCES = ("train", "kaldi")
 LAUNCH_ONLY = ("batch_frames",)
 
 
+@dataclass(frozen=True)
+class UbmSettings:
+    """``ivector.ubm``: Kaldi's ``train_diag_ubm.sh`` (conf/ivector/default.yaml says each)."""
+
+    num_gauss: int = opt(512, integer(1))
+    num_utts: int = opt(30000, integer(0))
+    num_frames: int = opt(200000, integer(1))
+    num_iters_init: int = opt(20, integer(1))
+    num_iters: int = opt(4, integer(0))
+    num_gselect: int = opt(30, integer(1))
+    min_gaussian_weight: float = opt(1.0e-4, number(0.0))
+    seed: int = opt(0, integer(0))
+
+
+@dataclass(frozen=True)
+class ExtractorSettings:
+    """``ivector.extractor``: Kaldi's ``train_ivector_extractor.sh``."""
+
+    num_utts: int = opt(100000, integer(0))
+    ivector_dim: int = opt(100, integer(1))
+    num_iters: int = opt(10, integer(1))
+    num_gselect: int = opt(5, integer(1))
+    min_post: float = opt(0.025, number(0.0))
+    posterior_scale: float = opt(0.1, number(0.0, low_open=True))
+    gaussian_min_count: float = opt(100.0, number(0.0))
+    variance_floor_factor: float = opt(0.1, number(0.0, low_open=True))
+    seed: int = opt(0, integer(0))
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """``ivector.online``: Kaldi's ``extract_ivectors_online.sh``."""
+
+    period: int = opt(10, integer(1))
+    posterior_scale: float = opt(0.1, number(0.0, low_open=True))
+    utts_per_spk_max: int = opt(2, integer(0))
+    max_remembered_frames: int = opt(1000, integer(0))
+    batch_frames: int = opt(20000, integer(1))
+
+
+@dataclass(frozen=True)
+class IvectorConfig:
+    """The ``ivector`` section, read by :func:`asrtrain.settings.read`; its defaults are
+    ``conf/ivector/default.yaml``'s (Switchboard sizes)."""
+
+    source: str = opt("train", choice(*SOURCES))
+    kaldi_dirs: dict | None = None
+    device: str = "cpu"
+    cmvn: bool = False
+    subsample: int = opt(2, integer(1))
+    ubm: UbmSettings = field(default_factory=UbmSettings)
+    extractor: ExtractorSettings = field(default_factory=ExtractorSettings)
+    online: OnlineSettings = field(default_factory=OnlineSettings)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> IvectorConfig:
+        """The recipe's ``ivector`` section (an error naming the group when there is none)."""
+        if "ivector" not in cfg:
+            raise AsrtrainError("stage ivectors needs the ivector config group: add '- ivector: "
+                                "default' to the recipe's defaults (or ivector=tiny on the "
+                                "command line: +ivector=tiny)")
+        return read(cls, OmegaConf.to_container(cfg.ivector, resolve=True), "ivector")
+
+
 def _opts(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg.ivector, resolve=True)
+    """The checked ``ivector`` section as plain data (the jobs' options and the steps' keys)."""
+    return asdict(IvectorConfig.from_config(cfg))
 
 
 def _step(ctx: StageContext, marker: Path, key: str, what: str, work) -> bool:
@@ -94,7 +161,8 @@ def _train_and_extract(ctx: StageContext, jobs: JobConfig) -> None:
     from asrtrain.adapt import ivector_sets as iv
 
     cfg, paths = ctx.cfg, ctx.paths
-    opts, device = _opts(cfg), str(cfg.ivector.device)
+    opts = _opts(cfg)
+    device = str(opts["device"])
     sub, cmvn = int(opts["subsample"]), bool(opts["cmvn"])
     norm_vars = bool(cfg.features.get("norm_vars", False))
     ext_dir = paths.ivector_extractor
@@ -167,31 +235,15 @@ def _import_kaldi(ctx: StageContext) -> None:
 
 
 def _check(cfg: DictConfig) -> None:
-    """The group is there, the source known, Kaldi dirs given for every set."""
-    if "ivector" not in cfg:
-        raise AsrtrainError("stage ivectors needs the ivector config group: add '- ivector: "
-                            "default' to the recipe's defaults (or ivector=tiny on the command "
-                            "line: +ivector=tiny)")
-    source = cfg.ivector.get("source")
-    if source not in SOURCES:
-        raise AsrtrainError(f"ivector.source={source!r}: expected one of {', '.join(SOURCES)}")
-    if source == "kaldi":
-        dirs = cfg.ivector.get("kaldi_dirs") or {}
+    """The section read (types, ranges, unknown keys); Kaldi dirs given for every set."""
+    c = IvectorConfig.from_config(cfg)
+    if c.source == "kaldi":
+        dirs = c.kaldi_dirs or {}
         missing = [s for s in data_sets(cfg) if s not in dirs]
         if missing:
             raise AsrtrainError(f"ivector.source=kaldi: ivector.kaldi_dirs has no directory for "
                                 f"set {missing[0]} (give {{{missing[0]}: "
                                 "KALDI/exp/nnet3/ivectors_SET}})")
-        return
-    for key in ("online.period", "online.utts_per_spk_max", "online.batch_frames", "subsample",
-                "ubm.num_gauss", "ubm.num_gselect", "ubm.num_utts", "extractor.ivector_dim",
-                "extractor.num_iters", "extractor.num_utts"):
-        value = OmegaConf.select(cfg.ivector, key)
-        least = 0 if key in ("online.utts_per_spk_max", "ubm.num_utts",
-                             "extractor.num_utts") else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise AsrtrainError(f"ivector.{key}={value!r}: expected a whole number of at least "
-                                f"{least}")
 
 
 STAGE = Stage("ivectors", run, reads=("features",), config=("ivector",),
