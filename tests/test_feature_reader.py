@@ -200,21 +200,6 @@ def test_load_model_gives_the_saved_model(tmp_path: Path) -> None:
     torch.testing.assert_close(loaded(feats, lengths)[0], model.eval()(feats, lengths)[0])
 
 
-def test_load_model_reads_the_packed_lstm_layout(tmp_path: Path) -> None:
-    model, ckpt = _checkpoint("ctc")
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("layers.")}
-    for i, layer in enumerate(model.layers):
-        for suffix, lstm in (("", layer.forward_lstm), ("_reverse", layer.backward_lstm)):
-            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                state[f"lstm.{name}_l{i}{suffix}"] = getattr(lstm, f"{name}_l0")
-    old = {**ckpt.to_dict(), "model": state}
-    del old["epoch"]
-    torch.save(old, tmp_path / "old.pt")
-    loaded, _ = load_model(tmp_path / "old.pt")
-    feats, lengths = torch.randn(2, 6, 5), torch.tensor([6, 3])
-    torch.testing.assert_close(loaded(feats, lengths)[0], model.eval()(feats, lengths)[0])
-
-
 def test_load_model_errors_name_the_file(tmp_path: Path) -> None:
     _, ckpt = _checkpoint()
     for key in ("model_config", "features", "input_dim"):

@@ -69,23 +69,6 @@ def test_blstm_stacks_frames() -> None:
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_checkpoints_of_the_packed_lstm_still_load() -> None:
-    """A state dict of the model as it was (one packed nn.LSTM) loads and gives its outputs."""
-    torch.manual_seed(0)
-    model = BLSTM(5, 7, layers=2, cells=6, bottleneck=4)
-    old = BLSTM(5, 7, layers=2, cells=6, bottleneck=4)
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("layers.")}
-    for i, layer in enumerate(model.layers):
-        for suffix, lstm in (("", layer.forward_lstm), ("_reverse", layer.backward_lstm)):
-            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                state[f"lstm.{name}_l{i}{suffix}"] = getattr(lstm, f"{name}_l0").detach().clone()
-    old.load_state_dict(state)
-    feats, lengths = torch.randn(3, 8, 5), torch.tensor([8, 5, 2])
-    torch.testing.assert_close(old(feats, lengths)[0], model(feats, lengths)[0])
-    torch.testing.assert_close(old(feats, lengths)[0], packed_reference(model, feats, lengths),
-                               rtol=1e-5, atol=1e-5)
-
-
 def _outputs_and_gradients(model: BLSTM, layout: str, feats: torch.Tensor,
                            lengths: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Logits and the gradients of a masked loss for every parameter and the input."""

@@ -247,10 +247,9 @@ def test_bf16_on_cuda_is_close_to_fp32(device: torch.device) -> None:
 
 
 @pytest.mark.parametrize("stage", ["train", "train_hybrid"])
-def test_fp32_keeps_the_digests_of_runs_made_before_the_setting(stage: str) -> None:
-    """A recipe without trainer.precision (a run finished before it existed) and one with the
-    default fp32 have the same train stage settings, so upgrading retrains nothing; bf16
-    differs, and a dry run names it."""
+def test_precision_is_in_the_train_stages_digest(stage: str) -> None:
+    """trainer.precision is a setting of the model like any other: fp32 (the default) and bf16
+    give different train stage settings, so a dry run names the change."""
     import importlib
 
     from asrtrain.recipe import compose_recipe
@@ -260,8 +259,7 @@ def test_fp32_keeps_the_digests_of_runs_made_before_the_setting(stage: str) -> N
     def values(*overrides: str) -> dict:
         return settings(compose_recipe(REPO / "recipes" / "tiny", list(overrides)))
 
-    before = values("~trainer.precision")
-    assert "precision" not in before["trainer"]
-    assert values() == values("trainer.precision=fp32") == before
-    assert values("trainer.precision=bf16")["trainer"] == {**before["trainer"],
+    assert values()["trainer"]["precision"] == "fp32"
+    assert values() == values("trainer.precision=fp32")
+    assert values("trainer.precision=bf16")["trainer"] == {**values()["trainer"],
                                                            "precision": "bf16"}

@@ -27,12 +27,13 @@ for its own), so cuDNN does not copy them at every call.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 from torch import _VF, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from asrtrain.models.registry import register_model
 
 LAYOUTS = ("bidirectional", "padded", "packed")
 
@@ -161,7 +162,6 @@ class BLSTM(nn.Module):
         self.bottleneck = nn.Linear(2 * cells, bottleneck) if bottleneck else nn.Identity()
         self.output = nn.Linear(bottleneck or 2 * cells, output_dim)
         self.layout = "auto"
-        self._register_load_state_dict_pre_hook(_from_packed_lstm_keys)
 
     def subsampled_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         return torch.div(lengths, self.stack_frames, rounding_mode="floor")
@@ -194,22 +194,10 @@ class BLSTM(nn.Module):
         return self.output(self.bottleneck(out)).float(), lengths
 
 
-PACKED_KEY = re.compile(r"^lstm\.(weight_ih|weight_hh|bias_ih|bias_hh)_l(\d+)(_reverse)?$")
-
-
-def _from_packed_lstm_keys(state_dict: dict, prefix: str, *args) -> None:
-    """Rename the parameters of checkpoints written when the model was one packed ``nn.LSTM``
-    (``lstm.weight_ih_l1_reverse`` → ``layers.1.backward_lstm.weight_ih_l0``), in place."""
-    for key in [k for k in state_dict if k.startswith(prefix)]:
-        m = PACKED_KEY.match(key[len(prefix):])
-        if m:
-            name, layer, reverse = m.groups()
-            direction = "backward_lstm" if reverse else "forward_lstm"
-            state_dict[f"{prefix}layers.{layer}.{direction}.{name}_l0"] = state_dict.pop(key)
-
-
-def build_model(cfg: Mapping, input_dim: int, output_dim: int) -> BLSTM:
-    """The model of ``cfg`` (the ``model`` config group)."""
+@register_model("blstm")
+def build_blstm(cfg: Mapping, input_dim: int, output_dim: int, head: str = "ctc") -> BLSTM:
+    """``model.arch=blstm`` (the default): the BLSTM of ``cfg`` (``layers``, ``cells``,
+    ``bottleneck``, ``dropout``, ``stack_frames``), for either head."""
     return BLSTM(input_dim, output_dim, layers=int(cfg["layers"]), cells=int(cfg["cells"]),
                  bottleneck=int(cfg.get("bottleneck", 256)), dropout=float(cfg.get("dropout", 0.0)),
                  stack_frames=int(cfg.get("stack_frames", 1)))

@@ -25,7 +25,7 @@ import torch
 from asrtrain import AsrtrainError
 from asrtrain.fileio import atomic_open
 from asrtrain.models import checksum
-from asrtrain.models.blstm import BLSTM, build_model
+from asrtrain.models.registry import DEFAULT_ARCH, arch_of, build_model
 
 #: Keys every model checkpoint has.
 REQUIRED = ("model", "model_config", "input_dim", "output_dim", "features")
@@ -106,15 +106,18 @@ def check_finite(state: Mapping[str, Any], where: str | Path) -> None:
 class ModelCheckpoint:
     """The contents of a model checkpoint.
 
-    ``model``: the state dict; ``model_config``: the ``model`` config group (``build_model``'s
-    argument, ``head`` included); ``input_dim``/``output_dim``: the model's sizes (features after
-    the transform; units or pdfs); ``features``: the ``features`` config group (``delta_order``,
+    ``model``: the state dict; ``model_config``: the ``model`` config group, what
+    :func:`asrtrain.models.registry.build_model` rebuilds the model from: its ``arch`` (always
+    recorded: ``blstm`` when the config named none), ``module`` when the arch is registered
+    outside asrtrain, ``head`` and the builder's own keys; ``input_dim``/``output_dim``: the
+    model's sizes (features after the transform; units or pdfs); ``features``: the ``features``
+    config group (``delta_order``,
     ``norm_vars``, ``frame_shift`` in ms: how to read features for this model).  Hybrid models
     (``head: ce``) add ``log_priors`` (log pdf priors from the training alignments, [output_dim])
     and ``chunk`` (the frames per chunk they were trained on).  ``epoch``, ``global_samples`` and
     ``metrics`` say where training was; ``precision`` how (``trainer.precision``: fp32 or bf16;
-    None in checkpoints older than the setting, which were fp32). The weights are fp32 either
-    way.
+    the trainer always records it; None in a checkpoint made outside training). The weights are
+    fp32 either way.
     """
 
     model: Mapping[str, torch.Tensor]
@@ -129,6 +132,15 @@ class ModelCheckpoint:
     metrics: Mapping[str, float] | None = None
     precision: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this schema does not know
+
+    def __post_init__(self) -> None:
+        if "arch" not in self.model_config:  # recorded, so the checkpoint names its builder
+            self.model_config = {"arch": DEFAULT_ARCH, **self.model_config}
+
+    @property
+    def arch(self) -> str:
+        """The registered model (``model.arch``) that rebuilds this one."""
+        return arch_of(self.model_config)
 
     @property
     def head(self) -> str:
@@ -207,15 +219,23 @@ class ModelCheckpoint:
         save(self.to_dict(), path)
 
     def build(self, device: str | torch.device = "cpu", where: str | Path = "<checkpoint>"
-              ) -> BLSTM:
-        """The model with its weights, on ``device``, in eval mode; the parts of the checkpoint
-        must fit together (state, sizes, priors)."""
+              ) -> torch.nn.Module:
+        """The model with its weights, rebuilt by its arch's builder (the registry imports the
+        ``module`` it records first), on ``device``, in eval mode; the parts of the checkpoint
+        must fit together (state, sizes, priors). An arch not registered is an error naming
+        ``where`` and the registered ones."""
         if self.log_priors is not None and self.log_priors.shape != (self.output_dim,):
             raise AsrtrainError(f"{where}: log_priors has shape {tuple(self.log_priors.shape)}, "
                                 f"expected [{self.output_dim}]")
         try:
-            model = build_model(self.model_config, self.input_dim, self.output_dim)
-            # BLSTM renames the keys of the older packed-LSTM layout while loading.
+            model = build_model(self.model_config, self.input_dim, self.output_dim,
+                                where=f"{where}: model")
+        except AsrtrainError:
+            raise
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise AsrtrainError(f"{where}: cannot rebuild the model.arch={self.arch} model "
+                                f"from its model_config ({type(e).__name__}: {e})") from e
+        try:
             model.load_state_dict(self.model)
         except (KeyError, ValueError, RuntimeError) as e:
             raise AsrtrainError(f"{where}: the model state does not fit its model_config "
@@ -224,7 +244,7 @@ class ModelCheckpoint:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
-               head: str | None = None) -> tuple[BLSTM, ModelCheckpoint]:
+               head: str | None = None) -> tuple[torch.nn.Module, ModelCheckpoint]:
     """The model saved at ``path`` (on ``device``, in eval mode) and its checkpoint
     (:meth:`ModelCheckpoint.load` checks it; ``head`` as there)."""
     ckpt = ModelCheckpoint.load(path, head)

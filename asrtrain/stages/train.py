@@ -20,7 +20,10 @@ def check_trainer(trainer: DictConfig, model: DictConfig | None = None,
 
     t = TrainerConfig.from_config(trainer)
     if model is not None:
+        from asrtrain.models.registry import check_model_config
+
         check_finite(model, model_key)
+        check_model_config(model, model_key)
     if t.precision != "fp32":  # a CPU that cannot train in it is refused before any stage runs
         import torch
 
@@ -31,16 +34,9 @@ def check_trainer(trainer: DictConfig, model: DictConfig | None = None,
 
 
 def trainer_settings(trainer: DictConfig) -> dict:
-    """The trainer settings in a train stage's digest. ``precision: fp32``, the only precision
-    before ``trainer.precision`` existed, is left out, so runs finished before it keep their
-    digests and are not retrained; any other precision is in. ``early_stop_patience: 0`` (off,
-    as before the setting existed) is left out too."""
-    out = OmegaConf.to_container(trainer, resolve=True)
-    if out.get("precision") == "fp32":
-        del out["precision"]
-    if out.get("early_stop_patience") == 0:  # off, as before the setting existed
-        del out["early_stop_patience"]
-    return out
+    """The trainer settings in a train stage's digest (all of them; the stage leaves out the
+    launch settings, ``IGNORED``)."""
+    return OmegaConf.to_container(trainer, resolve=True)
 
 
 def _settings(cfg: DictConfig) -> dict:

@@ -99,7 +99,7 @@ def check_inputs(cfg: DictConfig) -> None:
     """
     import torch
 
-    from asrtrain.models.blstm import build_model
+    from asrtrain.models.registry import build_model
     from asrtrain.train.chunks import read_alignments
     from asrtrain.train.config import TrainerConfig
     from asrtrain.train.tasks import build_task
