@@ -6,17 +6,24 @@ delay-by-one, first with the link unlimited, then with its rate limited by ``tc`
 What is measured and what predicted: the unlimited run of a setting gives the one figure the
 model takes from it, a learner's seconds per step on this machine (compute, data, the gossip
 thread's CPU and the unlimited link's latencies, all together; the CPU is shared by the
-learners of both namespaces and other work); the limited run is then predicted by
-:func:`asrtrain.simulate.timing.step_time` from the bytes, the tc rate (less the Ethernet and
-TCP headers: 1448 payload bytes in a 1514-byte frame) and the backend's registered shape, with
-nothing fitted to it. The wall time compared is the trainer's ``run_seconds`` (training and the
-epochs' evaluation, start-up excluded). The rounds per second of learner 0's gossip are compared
-too: in this trainer a step never waits for gossip, so a slow link thins the rounds out rather
-than slowing the steps. The model's other mode (a step waits for its exchange, the seeds'
-learner) is predicted beside it, delay-by-one on and off, for the same settings.
+learners of both namespaces and other work); the link's bandwidth is fitted once, on
+the SSGD pair of the fewest learners (``--fraction F``: not fitted, F of the tc rate, e.g. an
+earlier rate's fit); every other limited run is then predicted by
+:func:`asrtrain.simulate.timing.step_time` from the bytes, that bandwidth and the backend's
+registered shape, and the gossip thread's event timing (:func:`~asrtrain.simulate.timing.
+gossip_events`: the rounds and the drain that ends the epoch), with nothing fitted to it. The
+"ratio at the tc rate" is the same prediction at the tc rate less the headers (1448 payload
+bytes in a 1514-byte frame). The wall time compared is the trainer's ``run_seconds``
+(training and the epoch's evaluation, start-up excluded). In this trainer a step never waits
+for gossip, so a slow link thins the rounds out rather than slowing the steps; learner 0's
+gossip exchanges per second are recorded beside the model's (on the limited link its few log
+points often saw none finish). The model's other mode (a step waits for its exchange, the
+seeds' learner) is predicted beside it, delay-by-one on and off, for the same settings.
 
-    sudo python bench/sim_calibrate.py --rate 20mbit     (root; about 10 minutes
+    sudo python bench/sim_calibrate.py --rate 20mbit     (root; about 12 minutes
     here; writes docs/science/sim_calibrate.json)
+    python bench/sim_calibrate.py --from docs/science/sim_calibrate.json --out X.json
+                                   (the comparisons again from the committed runs)
 """
 
 from __future__ import annotations
@@ -194,17 +201,21 @@ def fit_bandwidth(free: dict, limited: dict) -> float:
     return 2 * (k - 1) / k * free["model_bytes"] / gained
 
 
-def analyse(rows: list[dict], rate: str) -> dict:
+def analyse(rows: list[dict], rate: str, fraction: float | None = None) -> dict:
     """Pair each setting's unlimited and limited runs; fit the bandwidth on the first SSGD pair
-    (the fewest learners) and predict every other pair with it, and with the tc rate as given."""
+    (the fewest learners) and predict every other pair with it, and with the tc rate as given.
+    ``fraction``: no fit; the link carries this fraction of the tc rate (an earlier fit's)."""
     key = lambda r: (r["backend"], r["learners"], r["delay_by_one"])  # noqa: E731
     free = {key(r): r for r in rows if r["rate"] == "none"}
     limited = {key(r): r for r in rows if r["rate"] == rate}
     pairs = [(free[k], limited[k]) for k in free if k in limited]
-    fit_pair = min((p for p in pairs if p[0]["backend"] == "ssgd"),
-                   key=lambda p: p[0]["learners"])
-    fitted = fit_bandwidth(*fit_pair)
     nominal = rate_bytes(rate)
+    if fraction is None:
+        fit_pair = min((p for p in pairs if p[0]["backend"] == "ssgd"),
+                       key=lambda p: p[0]["learners"])
+        fitted = fit_bandwidth(*fit_pair)
+    else:
+        fit_pair, fitted = (None, None), fraction * nominal
     comparisons = []
     for f, lim in pairs:
         row = compare(f, lim, fitted)
@@ -213,7 +224,8 @@ def analyse(rows: list[dict], rate: str) -> dict:
         comparisons.append(row)
     return {"rate": rate, "nominal_bytes_per_s": nominal, "fitted_bytes_per_s": fitted,
             "fitted_fraction_of_nominal": fitted / nominal,
-            "fit_on": {k: fit_pair[0][k] for k in ("backend", "learners", "delay_by_one")},
+            "fit_on": ({k: fit_pair[0][k] for k in ("backend", "learners", "delay_by_one")}
+                       if fit_pair[0] is not None else f"given: {fraction} of the tc rate"),
             "comparisons": comparisons}
 
 
@@ -240,6 +252,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--learners", default="4,8")
     ap.add_argument("--backends", default="ssgd,adpsgd,hadpsgd")
+    ap.add_argument("--fraction", type=float, default=None,
+                    help="no fit: the link carries this fraction of the tc rate (an earlier "
+                         "run's fitted_fraction_of_nominal)")
     ap.add_argument("--from", dest="source", type=Path, default=None,
                     help="recompute the comparisons from the runs of an earlier result")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "science" / "sim_calibrate.json")
@@ -255,7 +270,7 @@ def main() -> None:
                              f"{args.epochs} epoch, two namespaces over a veth pair, tc tbf "
                              f"{args.rate} each way; {os.cpu_count()} CPU cores shared with "
                              "other work (load beside each row)"),
-              "runs": rows, **analyse(rows, args.rate)}
+              "runs": rows, **analyse(rows, args.rate, args.fraction)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(result, indent=1) + "\n")
