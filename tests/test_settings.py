@@ -14,10 +14,12 @@ from omegaconf import OmegaConf
 
 from asrtrain import AsrtrainError
 from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
-from asrtrain.decode import GmmDecodeConfig, HybridDecodeConfig
+from asrtrain.decode import CtcDecodeConfig, GmmDecodeConfig, HybridDecodeConfig
 from asrtrain.features.extract import FeatureOptions, FeaturesConfig, MfccConfig
 from asrtrain.settings import defaults, read
 from asrtrain.stages.ivectors import IvectorConfig
+from asrtrain.stages.lm import LmConfig
+from asrtrain.stages.score import ScoreConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +33,9 @@ def _yaml(path: str) -> dict:
     ("features/fbank40.yaml", FeaturesConfig, {"resample", "num_ceps", "append"}),
     ("mfcc/kaldi13.yaml", MfccConfig, {"resample"}),
     ("ivector/default.yaml", IvectorConfig, set()),
+    ("lm/tg.yaml", LmConfig, set()),
+    ("score/hub5.yaml", ScoreConfig, set()),
+    ("decode/ctc_greedy.yaml", CtcDecodeConfig, set()),
 ])
 def test_yaml_defaults_are_the_dataclass_defaults(group: str, cls: type,
                                                   not_listed: set[str]) -> None:
@@ -56,6 +61,8 @@ def test_every_conf_group_and_recipe_section_reads() -> None:
                                 if k != "defaults"}, "ivector")
     assert (tiny.ubm.num_gauss, tiny.ubm.num_gselect, tiny.extractor.gaussian_min_count) == (
         64, IvectorConfig().ubm.num_gselect, 10.0)
+    for path in sorted((REPO / "conf" / "lm").glob("*.yaml")):
+        read(LmConfig, _yaml(f"lm/{path.name}"), "lm")
     for path in sorted((REPO / "conf" / "hybrid").glob("*.yaml")):
         HybridDecodeConfig.from_config(_yaml(f"hybrid/{path.name}").get("decode"),
                                        "hybrid.decode")
@@ -103,6 +110,13 @@ def test_defaults_fill_the_rest_and_values_are_typed() -> None:
      "ivector.ubm=8: expected a mapping of num_gauss,"),
     (lambda: read(IvectorConfig, {"kaldi_dirs": ["a"]}, "ivector"),
      r"ivector.kaldi_dirs=\['a'\]: expected a mapping"),
+    (lambda: read(LmConfig, {"order": 0}, "lm"), "lm.order=0: expected an integer >= 1"),
+    (lambda: read(ScoreConfig, {"backend": "perl"}, "score"),
+     "score.backend='perl': expected one of python, sclite"),
+    (lambda: CtcDecodeConfig.from_config({"checkpoint": "worst"}),
+     "decode.checkpoint='worst': expected one of best, last, average"),
+    (lambda: CtcDecodeConfig.from_config({"beam": 3}),
+     "decode.beam: unknown setting; known: average_n, batch_frames, checkpoint, kind"),
     (lambda: GmmDecodeConfig.from_config({"beam": "wide"}, "align.decode"),
      "align.decode.beam='wide': expected a number"),
     (lambda: HybridDecodeConfig.from_config({"wips": [0, None]}, "hybrid.decode"),

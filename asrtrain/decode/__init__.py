@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from asrtrain import AsrtrainError
-from asrtrain.settings import check, read
+from asrtrain.settings import check, choice, integer, opt, read
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -44,6 +44,30 @@ _K = TypeVar("_K", bound=Hashable)
 
 
 # ---------------------------------------------------------------------------- typed configs
+@dataclass(frozen=True)
+class CtcDecodeConfig:
+    """The CTC ``decode`` section (``conf/decode/ctc_greedy.yaml``): the decoder ``kind`` (greedy
+    search, the one there is), ``batch_frames`` per forward pass, and which of the training
+    run's models is decoded, ``checkpoint`` best | last | average of the ``average_n`` epochs of
+    lowest dev loss (:class:`asrtrain.models.average.CheckpointChoice`)."""
+
+    kind: str = opt("ctc_greedy", choice("ctc_greedy"))
+    batch_frames: int = opt(20000, integer(1))
+    checkpoint: str = "average"
+    average_n: int = opt(5, integer(1))
+
+    def __post_init__(self) -> None:
+        from asrtrain.models.average import CheckpointChoice
+
+        CheckpointChoice(self.checkpoint, self.average_n)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping | CtcDecodeConfig | None,
+                    section: str = "decode") -> CtcDecodeConfig:
+        """The section read by :func:`asrtrain.settings.read`."""
+        return read(cls, cfg, section)
+
+
 @dataclass(frozen=True)
 class GmmDecodeConfig:
     """``decode_gmm``'s options: the acoustic scales tried (the best on the scored set is

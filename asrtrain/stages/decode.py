@@ -32,8 +32,10 @@ def run(ctx: StageContext) -> None:
 
 
 def check(cfg: DictConfig) -> None:
+    from asrtrain.decode import CtcDecodeConfig
     from asrtrain.models.average import CheckpointChoice
 
+    CtcDecodeConfig.from_config(cfg.get("decode"))
     CheckpointChoice.from_config(cfg.decode, "decode").check_kept(cfg.trainer, "decode",
                                                                   "trainer")
 

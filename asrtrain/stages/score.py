@@ -4,10 +4,12 @@ of the transcripts), its ``result.json`` and the experiment's ``RESULTS.md``."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.settings import choice, opt, read
 
 log = logging.getLogger("asrtrain")
 
@@ -29,9 +31,20 @@ def run(ctx: StageContext) -> None:
     write_results(paths.exp)
 
 
+@dataclass(frozen=True)
+class ScoreConfig:
+    """The ``score`` section (``conf/score/hub5.yaml``), read by :func:`asrtrain.settings.read`:
+    ``backend`` python | sclite, ``kaldi_filter``, ``tune_on`` auto | test | dev."""
+
+    backend: str = opt("python", choice("python", "sclite"))
+    kaldi_filter: bool = True
+    tune_on: str = opt("auto", choice("auto", "test", "dev"))
+
+
 def check(cfg: DictConfig) -> None:
     from asrtrain.decode import tuning_set
 
+    read(ScoreConfig, cfg.get("score"), "score")
     tuning_set(cfg)
 
 
