@@ -48,10 +48,12 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 MAKE_CORPUS = REPO / "data" / "tiny" / "make_tiny.py"
 
-STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "ivectors", "train_hybrid",
-          "decode_hybrid"]
+# align is the GMM passes, fmllr the train and dev sets' fMLLR features, decode_gmm the graphs
+# and the test sets' first-pass decoding for their fMLLR (align split at Kaldi's seams)
+STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "fmllr", "decode_gmm",
+          "ivectors", "train_hybrid", "decode_hybrid"]
 #: The stages that make the hybrid model's data (summed as ``data_stages_hours``).
-DATA_STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "ivectors"]
+DATA_STAGES = ["prepare", "lang", "lm", "features", "mfcc", "align", "fmllr", "ivectors"]
 QUICK_SIZES = [0.1, 0.25, 0.5]
 FULL_SIZES = [1.0, 4.0, 16.0]
 TEST_FRACTION = 0.2            # test speech per hour of training speech
