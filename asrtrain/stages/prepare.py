@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
-from asrtrain.pipeline import Stage, StageContext, select
+from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths, data_sets
 
 log = logging.getLogger("asrtrain")
@@ -73,17 +73,10 @@ def user_files(cfg: DictConfig) -> list:
     return table_files(_corpus(cfg)) if _is_datadir(cfg) else []
 
 
-def _config(cfg: DictConfig) -> dict:
-    """``corpus`` and ``sets``; ``corpus.dev_split: speaker`` (the split before the setting
-    existed) left out, so experiments prepared before it keep their digests."""
-    values = {"corpus": select(cfg, "corpus"), "sets": select(cfg, "sets")}
-    if isinstance(values["corpus"], dict) and values["corpus"].get("dev_split") == "speaker":
-        del values["corpus"]["dev_split"]
-    return values
 
 
 # The lexicon keys of your own corpus are the lang stage's (it makes the dict dir): adding a
 # lexicon changes no data dir, so features and the CTC model do not rerun.
-STAGE = Stage("prepare", run, reads=(), config=_config, check=check,
+STAGE = Stage("prepare", run, reads=(), config=("corpus", "sets"), check=check,
               ignored=("corpus.lexicon", "corpus.dict_dir", "corpus.oov"), files=user_files,
               doc="corpus -> Kaldi data dirs (wav.scp segments text utt2spk spk2utt; stm glm)")
