@@ -7,6 +7,7 @@ by importing this module, which ``model.module`` names (``tests/`` on their ``PY
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,50 +128,59 @@ def asrtrain(*args: str) -> subprocess.CompletedProcess:
 
 
 # The tiny recipe cut to what the two systems need: a monophone GMM's alignments for the hybrid
-# model's targets, no i-vectors, no scoring stage; the models small and trained one epoch.
-SMALL = ["nj=2",
+# model's targets (one job, two iterations), no i-vectors, no scoring stage; the models small and
+# trained one epoch, the CTC model on two learner processes, the hybrid on one.
+SMALL = ["nj=1",
          "align.decode=false", "~align.passes.tri1", "~align.passes.tri2", "~align.passes.tri3",
-         "~align.passes.tri4", "align.passes.mono.num_iters=3", "align.passes.mono.totgauss=200",
-         "align.passes.mono.realign_iters=[1,2]",
+         "~align.passes.tri4", "align.passes.mono.num_iters=2", "align.passes.mono.totgauss=200",
+         "align.passes.mono.realign_iters=[1]",
          "features@hybrid.features=fbank40",
          "trainer.epochs=1", "trainer.batch_frames=4000", "trainer.spec_augment=null",
          "trainer.learners=2",
          "hybrid.trainer.epochs=1", "hybrid.trainer.batch_chunks=64", "+hybrid.trainer.learners=1",
          "+hybrid.decode.decoder=faster", "+hybrid.decode.max_active=300",
          "+hybrid.decode.beam=8", "+hybrid.decode.lmwt=10"]
+MINE = [f"model.arch={ARCH}", f"+model.module={__name__}", "model.name=mlp_ctc",
+        "+model.hidden=32", "model.stack_frames=2",
+        f"hybrid.model.arch={ARCH}", f"+hybrid.model.module={__name__}",
+        "hybrid.model.name=mlp_hybrid", "+hybrid.model.hidden=32"]
 
 
 @pytest.mark.timeout(900)
 def test_a_model_defined_here_trains_and_decodes_through_the_cli(tmp_path: Path) -> None:
     exp = tmp_path / "exp"
-    mine = [f"model.arch={ARCH}", f"+model.module={__name__}", "model.name=mlp_ctc",
-            "+model.hidden=32", "model.stack_frames=2",
-            f"hybrid.model.arch={ARCH}", f"+hybrid.model.module={__name__}",
-            "hybrid.model.name=mlp_hybrid", "+hybrid.model.hidden=32"]
     stages = [s for s in compose_recipe(REPO / "recipes" / "tiny", []).stages
               if s not in ("ivectors", "score")]
-    mine.append(f"stages=[{','.join(stages)}]")
-    # the CTC model with two learner processes, each of which imports this module to register
-    # the model; the rest in a second run (see the report: a run's own process that launched
-    # learners can hang in a later stage's tqdm bar)
-    first = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--to", "train", *SMALL, *mine)
-    assert first.returncode == 0, first.stderr[-4000:]
-    assert "backend ssgd: 2 learners" in (exp / "log" / "train.log").read_text()
-    proc = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *mine)
+    proc = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *MINE,
+                    f"stages=[{','.join(stages)}]")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name, head, arch_dim in (("mlp_ctc", "ctc", 2), ("mlp_hybrid", "ce", 1)):
+    # two learner processes trained the CTC model: each imported this module to build it
+    assert "backend ssgd: 2 learners" in (exp / "log" / "train.log").read_text()
+    for name, head, context in (("mlp_ctc", "ctc", 2), ("mlp_hybrid", "ce", 1)):
         ckpt = ModelCheckpoint.load(exp / "train" / name / "final.pt", head=head)
         assert ckpt.arch == ARCH and ckpt.model_config["module"] == __name__
         assert set(ckpt.model) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
         model = ckpt.build()
-        assert isinstance(model, SplicedMLP) and model.context == arch_dim
+        assert isinstance(model, SplicedMLP) and model.context == context
     ctc_out = exp / "decode" / "mlp_ctc" / "eval2000"
-    hybrid_out = exp / "decode" / "mlp_hybrid" / "eval2000"
-    assert (ctc_out / "text").is_file() and (ctc_out / "decode.json").is_file()
-    assert (hybrid_out / "ctm").stat().st_size > 0
-    # a config naming an arch that nothing registers is refused before any stage runs
-    bad = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *mine,
-                   "hybrid.model.arch=conformer")
-    assert bad.returncode != 0
-    assert ("asrtrain: error: hybrid.model.arch='conformer': not a registered model; "
-            "registered: ") in bad.stderr
+    ctc = json.loads((ctc_out / "decode.json").read_text())
+    assert (ctc_out / "text").is_file() and (ctc_out / "ctm").is_file()
+    # the hybrid model's posteriors through HCLG, scored (a model trained for seconds: the
+    # words it finds are not the point)
+    hybrid = json.loads((exp / "decode" / "mlp_hybrid" / "eval2000" / "decode.json").read_text())
+    assert hybrid["utterances"] == ctc["utterances"] > 0 and hybrid["failed_utterances"] == 0
+    assert hybrid["wer"]["all"]["ref_words"] > 0 and hybrid["frames"] > 0
+
+
+@pytest.mark.parametrize("stage, key", [("train", "model"), ("train_hybrid", "hybrid.model")])
+def test_the_training_stages_refuse_an_arch_nothing_registers(stage: str, key: str) -> None:
+    """Checked before any stage runs (the stages' checks), in one line naming the registered."""
+    import importlib
+
+    check = importlib.import_module(f"asrtrain.stages.{stage}").STAGE.check
+    check(compose_recipe(REPO / "recipes" / "tiny", MINE))
+    with pytest.raises(AsrtrainError) as e:
+        check(compose_recipe(REPO / "recipes" / "tiny", [*MINE, f"{key}.arch=conformer"]))
+    assert str(e.value).startswith(f"{key}.arch='conformer': not a registered model; "
+                                   "registered: ")
+    assert ARCH in str(e.value) and "blstm" in str(e.value)
