@@ -18,6 +18,7 @@ from asrtrain.decode import CtcDecodeConfig, GmmDecodeConfig, HybridDecodeConfig
 from asrtrain.features.extract import FeatureOptions, FeaturesConfig, MfccConfig
 from asrtrain.settings import defaults, read
 from asrtrain.stages.ivectors import IvectorConfig
+from asrtrain.stages.lang import LangConfig
 from asrtrain.stages.lm import LmConfig
 from asrtrain.stages.score import ScoreConfig
 
@@ -34,6 +35,7 @@ def _yaml(path: str) -> dict:
     ("mfcc/kaldi13.yaml", MfccConfig, {"resample"}),
     ("ivector/default.yaml", IvectorConfig, set()),
     ("lm/tg.yaml", LmConfig, set()),
+    ("lang/bpe500.yaml", LangConfig, set()),
     ("score/hub5.yaml", ScoreConfig, set()),
     ("decode/ctc_greedy.yaml", CtcDecodeConfig, set()),
 ])
@@ -61,6 +63,7 @@ def test_every_conf_group_and_recipe_section_reads() -> None:
                                 if k != "defaults"}, "ivector")
     assert (tiny.ubm.num_gauss, tiny.ubm.num_gselect, tiny.extractor.gaussian_min_count) == (
         64, IvectorConfig().ubm.num_gselect, 10.0)
+    assert read(LangConfig, _yaml("lang/char.yaml"), "lang").unit_type == "char"
     for path in sorted((REPO / "conf" / "lm").glob("*.yaml")):
         read(LmConfig, _yaml(f"lm/{path.name}"), "lm")
     for path in sorted((REPO / "conf" / "hybrid").glob("*.yaml")):
@@ -111,6 +114,8 @@ def test_defaults_fill_the_rest_and_values_are_typed() -> None:
     (lambda: read(IvectorConfig, {"kaldi_dirs": ["a"]}, "ivector"),
      r"ivector.kaldi_dirs=\['a'\]: expected a mapping"),
     (lambda: read(LmConfig, {"order": 0}, "lm"), "lm.order=0: expected an integer >= 1"),
+    (lambda: read(LangConfig, {"sil_prob": 1.5}, "lang"),
+     "lang.sil_prob=1.5: expected a number >= 0 and <= 1"),
     (lambda: read(ScoreConfig, {"backend": "perl"}, "score"),
      "score.backend='perl': expected one of python, sclite"),
     (lambda: CtcDecodeConfig.from_config({"checkpoint": "worst"}),

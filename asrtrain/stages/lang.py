@@ -10,12 +10,14 @@ model is not retrained.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
+from asrtrain.settings import choice, integer, number, opt, read
 
 log = logging.getLogger("asrtrain")
 
@@ -100,10 +102,22 @@ def _prepare_dict(cfg: DictConfig, train, dict_dir: Path) -> None:
                  files["lexicon.txt"].count(b"\n"), dict_dir)
 
 
+@dataclass(frozen=True)
+class LangConfig:
+    """The ``lang`` section (``conf/lang/bpe500.yaml``), read by :func:`asrtrain.settings.read`:
+    the CTC units (sentencepiece ``unit_type`` char | bpe | unigram, ``vocab_size``) and
+    ``prepare_lang``'s ``sil_prob``."""
+
+    unit_type: str = opt("bpe", choice("char", "bpe", "unigram"))
+    vocab_size: int = opt(500, integer(1))
+    sil_prob: float = opt(0.5, number(0.0, 1.0))
+
+
 def check(cfg: DictConfig) -> None:
-    """Your own corpus's lexicon, before any stage starts: the options, the file there, and
-    with ``corpus.oov=error`` the training words it lacks (refused before anything is
-    written)."""
+    """The ``lang`` section; your own corpus's lexicon, before any stage starts: the options,
+    the file there, and with ``corpus.oov=error`` the training words it lacks (refused before
+    anything is written)."""
+    read(LangConfig, cfg.get("lang"), "lang")
     if not _is_datadir(cfg):
         return
     from asrtrain.data.corpora.datadir import (
