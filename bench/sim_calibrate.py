@@ -223,7 +223,7 @@ def analyse(rows: list[dict], rate: str, fraction: float | None = None) -> dict:
         row["ratio_at_nominal_rate"] = compare(f, lim, nominal)["ratio"]
         comparisons.append(row)
     return {"rate": rate, "nominal_bytes_per_s": nominal, "fitted_bytes_per_s": fitted,
-            "fitted_fraction_of_nominal": fitted / nominal,
+            "fitted_fraction_of_nominal": fitted / nominal, "given_fraction": fraction,
             "fit_on": ({k: fit_pair[0][k] for k in ("backend", "learners", "delay_by_one")}
                        if fit_pair[0] is not None else f"given: {fraction} of the tc rate"),
             "comparisons": comparisons}

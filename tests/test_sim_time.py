@@ -151,13 +151,17 @@ def test_every_quantitative_figure_of_the_seeds_has_a_claims_row_with_a_verdict(
                        if k[0] == method and k[1] == int(n)), (method, n, h)
 
 
-def test_the_calibration_table_is_the_committed_runs() -> None:
-    """docs/science.md's calibration table: each row's figures are the committed JSON's, and the
-    JSON's comparisons are what bench/sim_calibrate.py computes from its runs."""
-    committed = json.loads((REPO / "docs" / "science" / "sim_calibrate.json").read_text())
-    again = sim_calibrate.analyse(committed["runs"], committed["rate"])
+@pytest.mark.parametrize(("name", "heading"), [
+    ("sim_calibrate.json", "### Calibration against real gloo runs"),
+    ("sim_calibrate_100mbit.json", "At 100 Mbit/s, with the fraction fitted at 20")])
+def test_the_calibration_table_is_the_committed_runs(name: str, heading: str) -> None:
+    """docs/science.md's calibration tables: each row's figures are the committed JSON's, and
+    the JSON's comparisons are what bench/sim_calibrate.py computes from its runs."""
+    committed = json.loads((REPO / "docs" / "science" / name).read_text())
+    again = sim_calibrate.analyse(committed["runs"], committed["rate"],
+                                  committed["given_fraction"])
     assert json.loads(json.dumps(again)) == {k: committed[k] for k in again}
-    doc = _doc_table("### Calibration against real gloo runs")
+    doc = _doc_table(heading)
     assert len(doc) == len(committed["comparisons"])
     for row, c in zip(doc, committed["comparisons"], strict=True):
         assert row[:3] == [c["backend"], str(c["learners"]), "yes" if c["delay_by_one"] else
