@@ -16,6 +16,11 @@ advance; the rounds then follow from them, round after round, with the thread's 
 The result is a list of events ``(time, round, phase, kind, a, b)`` in the order they happen;
 ties are broken so that a step comes before gossip at the same moment and a round's exchanges
 before its change is applied.
+
+The time model (:func:`step_time`, :class:`Network`, :func:`ring_allreduce_s`; issue 24) says
+what those times are from bytes, bandwidth and latency: a sync group's allreduce added to each
+step, an exchange's cost for the rounds, and, for the seeds' learner, which waits for its
+exchange, the step period with and without delay-by-one (docs/science.md, "The time model").
 """
 
 from __future__ import annotations
