@@ -217,9 +217,3 @@ class _Heartbeat:
 os.register_at_fork(before=lambda: _Heartbeat._emit_lock.acquire(),
                     after_in_parent=lambda: _Heartbeat._emit_lock.release(),
                     after_in_child=_Heartbeat._after_fork_in_child)
-
-
-def reset_clock() -> None:
-    """A new step begins: the heartbeat counts its silence from now."""
-    if _Heartbeat._clock is not None:
-        _Heartbeat._clock.last = time.monotonic()
