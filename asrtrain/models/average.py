@@ -22,12 +22,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from asrtrain import AsrtrainError
-from asrtrain.models.checkpoint import ModelCheckpoint, load
+
+if TYPE_CHECKING:  # torch is imported where a checkpoint is read: a plan (--dry-run) needs none
+    from asrtrain.models.checkpoint import ModelCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ def dev_losses(model_dir: Path) -> dict[int, float]:
     record = read_record(model_dir)
     if record:
         return {e: float(s["dev_loss"]) for e, s in record.items() if "dev_loss" in s}
+    from asrtrain.models.checkpoint import load
+
     out = {}
     for path in sorted(Path(model_dir).glob("epoch-*.pt")):
         if ".optim." in path.name:
@@ -112,6 +114,8 @@ def choose_model(model_dir: Path, choice: CheckpointChoice,
     ``average`` of more than one epoch writes the averaged model to ``out_dir/model.pt``.
     Epochs among the best whose model is gone (a run older than ``trainer.keep_best``) are
     left out with a warning naming them."""
+    from asrtrain.models.checkpoint import ModelCheckpoint, load
+
     model_dir = Path(model_dir)
     final = model_dir / "final.pt"
     if not final.is_file():
@@ -167,6 +171,10 @@ def average_checkpoints(paths: list[Path]) -> ModelCheckpoint:
     """The element-wise mean of the models at ``paths`` (computed in float64, stored in each
     weight's own type); weights that are not floating point (counters) are the last one's.
     Everything else (config, priors, metrics) is the last checkpoint's; ``epoch`` is None."""
+    import torch
+
+    from asrtrain.models.checkpoint import ModelCheckpoint, load
+
     if not paths:
         raise AsrtrainError("average_checkpoints: no checkpoint to average")
     ckpts = [ModelCheckpoint.from_dict(load(p), p) for p in paths]
@@ -176,7 +184,7 @@ def average_checkpoints(paths: list[Path]) -> ModelCheckpoint:
             raise AsrtrainError(f"{path}: its weights {sorted(set(ckpt.model) ^ set(base.model))}"
                                 f" are not in both it and {paths[-1]}; these are not epochs of "
                                 "one run")
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, Any] = {}
     for key, value in base.model.items():
         for ckpt, path in zip(ckpts, paths, strict=True):
             other = ckpt.model.get(key)

@@ -147,6 +147,9 @@ def check_model_config(cfg: Mapping[str, Any], where: str = "model") -> None:
     """What a training stage checks before anything runs: the head, the modules, the arch."""
     cfg = _plain(cfg)
     head_of(cfg, where)
+    arch = arch_of(cfg)
+    if isinstance(arch, str) and arch in BUILTIN and not modules_of(cfg, where):
+        return  # asrtrain's own arch, known without importing its module (and torch): a plan
     model_builder(cfg, where)
 
 
