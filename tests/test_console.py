@@ -160,13 +160,15 @@ def test_a_real_stage_draws_its_bars_on_an_unsized_terminal(run) -> None:
 
 
 def test_a_long_step_says_where_it_is_every_interval_with_an_eta(run) -> None:
-    # not a terminal: no bar; ASRTRAIN_PROGRESS_EVERY_S=1 makes the mfcc stage (seconds) long
+    # not a terminal: no bar; ASRTRAIN_PROGRESS_EVERY_S=0.1 makes the mfcc stage long (its
+    # jobs take ~0.7 s on an idle 2-core machine, and more under load: at 1 s, as first
+    # written, an idle machine finished before any heartbeat and the test failed in CI)
     exp, _ = run
     proc = subprocess.run(
         [sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", f"exp_dir={exp}", STAGES,
          *SMALL, *MONO_DECODED, "nj=1", "--stage", "mfcc", "--to", "mfcc", "--force", "mfcc"],
         cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        env={**os.environ, "ASRTRAIN_PROGRESS_EVERY_S": "1"})
+        env={**os.environ, "ASRTRAIN_PROGRESS_EVERY_S": "0.1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not re.search(r"\d+%\|", proc.stderr), proc.stderr[-3000:]
     # nj=1: the jobs run here, one after another, each counting its utterances
