@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
 
 from asrtrain import AsrtrainError
@@ -258,9 +257,13 @@ def test_features_stage_on_slurm_makes_the_same_bytes_and_cmd_reruns_nothing(slu
     assert "nothing to do" in again.stderr and "starts" not in again.stderr, again.stderr
 
 
-# The GMM passes small (recipes/tiny/small.yaml's, bench/small.py): mono and tri1, a few
-# iterations, no decoding.
-ALIGN_SMALL = small.overrides("tri1")
+def align_small() -> list[str]:
+    """The GMM passes small (recipes/tiny/small.yaml's, bench/small.py): mono and tri1, a few
+    iterations, no decoding. Imported here, not at the top: a SLURM job of this module's
+    functions imports the module without conftest, which puts bench/ on the path."""
+    import small
+
+    return small.overrides("tri1")
 
 
 @pytest.mark.timeout(1800)
@@ -272,7 +275,7 @@ def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tiny_tri1
     stages = "stages=[prepare,lang,features,lm,mfcc,align]"    # tiny_tri1's
     shutil.copytree(local, slurm, symlinks=True, ignore=shutil.ignore_patterns("align"))
     assert not (slurm / ".done" / "align").exists()
-    out = asrtrain("run", "recipes/tiny", f"exp_dir={slurm}", "nj=2", stages, *ALIGN_SMALL,
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={slurm}", "nj=2", stages, *align_small(),
                    *SLURM)
     assert re.findall(r"stage (\w+) +starts:", out.stderr) == ["align"], out.stderr[-3000:]
     align_logs = [p for p in (slurm / "log" / "slurm").rglob("*_log.out")
