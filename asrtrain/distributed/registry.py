@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from asrtrain import AsrtrainError
+from asrtrain.registry import claim
 
 #: The package whose modules are the built-in backends, one per module, named as the module.
 PACKAGE = "asrtrain.distributed.backends"
@@ -79,14 +80,8 @@ def register_backend(name: str) -> Callable[[C], C]:
         raise AsrtrainError(f"backend name {name!r} is not an identifier")
 
     def decorate(cls: C) -> C:
-        old = _REGISTRY.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__,
-                                                                       cls.__qualname__):
-            raise AsrtrainError(f"backend {name!r} is registered twice: by "
-                                f"{old.__module__}.{old.__qualname__} and "
-                                f"{cls.__module__}.{cls.__qualname__}")
+        claim(_REGISTRY, name, cls, f"backend {name!r}")
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
     return decorate
 

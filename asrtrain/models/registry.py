@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from asrtrain import AsrtrainError
+from asrtrain.registry import claim
 
 #: The built-in archs and the module that registers each (imported on first use).
 BUILTIN = {"blstm": "asrtrain.models.blstm"}
@@ -66,14 +67,7 @@ def register_model(name: str, builder: Builder | None = None):
         raise AsrtrainError(f"model arch name {name!r} is not an identifier")
 
     def register(fn: Builder) -> Builder:
-        old = _REGISTRY.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__,
-                                                                       fn.__qualname__):
-            raise AsrtrainError(f"model arch {name!r} is registered twice: by "
-                                f"{old.__module__}.{old.__qualname__} and "
-                                f"{fn.__module__}.{fn.__qualname__}")
-        _REGISTRY[name] = fn
-        return fn
+        return claim(_REGISTRY, name, fn, f"model arch {name!r}")
     return register if builder is None else register(builder)
 
 
