@@ -201,17 +201,22 @@ def tri1(corpus: dict[str, Path], mono_ali: Path) -> Path:
     return out
 
 
+def _train_pass(corpus: dict[str, Path], source: Path, name: str, options) -> Path:
+    """The espeak corpus's pass ``name`` trained from ``source``'s alignments, one thread."""
+    from asrtrain.align import train_pass
+
+    _one_thread()
+    out = corpus["root"] / "exp" / name
+    train_pass(corpus["train"], corpus["lang"], source, out, options)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tri3(corpus: dict[str, Path], tri1: Path) -> Path:
     """LDA+MLLT from tri1 (test_align_adapt's TRI3)."""
     from test_align_adapt import TRI3
 
-    from asrtrain.align import train_pass
-
-    _one_thread()
-    out = corpus["root"] / "exp" / "tri3"
-    train_pass(corpus["train"], corpus["lang"], tri1, out, TRI3)
-    return out
+    return _train_pass(corpus, tri1, "tri3", TRI3)
 
 
 @pytest.fixture(scope="session")
@@ -219,12 +224,7 @@ def tri4(corpus: dict[str, Path], tri3: Path) -> Path:
     """SAT from tri3 (test_align_adapt's TRI4)."""
     from test_align_adapt import TRI4
 
-    from asrtrain.align import train_pass
-
-    _one_thread()
-    out = corpus["root"] / "exp" / "tri4"
-    train_pass(corpus["train"], corpus["lang"], tri3, out, TRI4)
-    return out
+    return _train_pass(corpus, tri3, "tri4", TRI4)
 
 
 # -------------------------------------------------------------- experiments of the tiny recipe
