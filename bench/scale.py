@@ -247,6 +247,8 @@ def run_size(hours: float, work: Path, args: argparse.Namespace) -> dict:
     for stage in measure:
         log = work / f"stage_{hours:g}h_{stage}.log"
         cli = ["run", "recipes/tiny", *overrides, "--stage", stage, "--to", stage]
+        if args.stages:   # measured again in an exp dir where it may be done: run it anyway
+            cli += ["--force", stage]
         m = measure_stage(cli, log, args.stage_timeout)
         hangs = 0
         while m.get("timed_out") and hangs < args.hang_retries:
@@ -599,6 +601,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="measure these stages only (the stages before them run first, not "
                          "measured); writes scale_stages.json (sizes, per-stage figures and "
                          "their growth), no projection")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --stages and --reuse: measure those stages again (in --work, "
+                         "where the reused sizes ran) and put their figures in place of the "
+                         "reused ones, then project as a full run does")
     ap.add_argument("--work", type=Path, default=None,
                     help="keep corpora, exp dirs and logs here (default: a temporary dir)")
     args = ap.parse_args(argv)
@@ -611,6 +617,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.stages = [s for s in STAGES if s in args.stages]
         if args.stages == STAGES:
             args.stages = None
+    if args.merge and not (args.stages and args.reuse):
+        ap.error("--merge needs --stages (what to measure again) and --reuse (the sizes)")
     return args
 
 
@@ -661,6 +669,15 @@ def main(argv: list[str] | None = None) -> None:
         done = reused_sizes(args.reuse)
         sizes = []
         for h in args.sizes:
+            if h in done and args.merge:
+                again = run_size(h, args.work, args)
+                size = json.loads(json.dumps(done[h][0]))
+                size["stages"].update(again["stages"])
+                size["remeasured"] = {"stages": args.stages, "from": str(done[h][1]),
+                                      "at": time.strftime("%Y-%m-%d %H:%M")}
+                sizes.append(size)
+                write_text(args.work / f"size-{h:g}.json", json.dumps(size, indent=2) + "\n")
+                continue
             if h in done:
                 print(f"[{h:g} h] measured before: taken from {done[h][1]}", file=sys.stderr,
                       flush=True)
@@ -669,7 +686,7 @@ def main(argv: list[str] | None = None) -> None:
             sizes.append(run_size(h, args.work, args))
             name = f"size-{h:g}" + (f"-{'-'.join(args.stages)}" if args.stages else "")
             write_text(args.work / f"{name}.json", json.dumps(sizes[-1], indent=2) + "\n")
-        if args.stages:
+        if args.stages and not args.merge:
             partial(args, sizes, started)
             return
         align = time_align(args, args.work)
