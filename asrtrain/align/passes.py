@@ -52,9 +52,9 @@ from asrtrain.align.passjobs import (
     sum_gmm,
 )
 from asrtrain.align.tree import build_tree, cluster_phones
-from asrtrain.data.datadir import DataDir
+from asrtrain.data.datadir import DataDir, read_table, split_data_dir
 from asrtrain.fileio import atomic_dir, write_text
-from asrtrain.jobs import JobConfig, JobPool, run_jobs, split_by_speaker
+from asrtrain.jobs import JobConfig, JobPool, run_jobs
 from asrtrain.lang.lexicon import Lang
 from asrtrain.progress import Bar
 
@@ -145,17 +145,17 @@ class PassJobs:
 
     def __init__(self, data_dir: Path, lang_dir: Path, out_dir: Path, utts: list[str],
                  data: DataDir, jobs: JobConfig, c: GmmConfig, name: str) -> None:
-        spk2utt: dict[str, list[str]] = {}
-        for u in utts:
-            spk2utt.setdefault(data.utt2spk[u], []).append(u)
-        frames = data.utt2num_frames if all(u in data.utt2num_frames for u in utts) else None
-        split = split_by_speaker(spk2utt, jobs.nj, frames)
+        # the data dir's blocks (data/<set>/split<N>/<k>, whole speakers, by a rule that
+        # does not involve nj), each job's utterances those of the pass in its block
+        wanted = set(utts)
+        blocks = [(d, [u for u in sorted(read_table(d / "utt2spk")) if u in wanted])
+                  for d in split_data_dir(data_dir)]
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.",
                                           suffix=".work.tmp")).resolve()
         # absolute paths: a job may run elsewhere (cmd: slurm), in another directory
-        self.parts = [Part(j + 1, str(Path(data_dir).resolve()), str(Path(lang_dir).resolve()),
-                           us, str(self.work)) for j, us in enumerate(split)]
+        self.parts = [Part(k + 1, str(Path(d).resolve()), str(Path(lang_dir).resolve()),
+                           us, str(self.work)) for k, (d, us) in enumerate(blocks) if us]
         self.jobs, self.cfg, self.name = jobs, asdict(c), name
         self.in_process = torch.device(c.device).type != "cpu"   # one process on a GPU
         self.prev_ali: str | None = None

@@ -92,6 +92,10 @@ def cached(work: str, kind: str, path: str, make: Callable[[str], object]) -> ob
     dir, the data dir's tables: they do not change within a pass); :func:`forget` drops them."""
     key = (str(work), kind, str(path))
     if key not in _CACHE:
+        # one of each kind: a worker that serves many blocks holds the tables of the block
+        # it works on, not of every block it served
+        for k in [k for k in _CACHE if k[:2] == key[:2]]:
+            del _CACHE[k]
         _CACHE[key] = make(path)
     return _CACHE[key]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from asrtrain import AsrtrainError
 from asrtrain.data.textfile import utf8_lines
-from asrtrain.fileio import atomic_open
+from asrtrain.fileio import atomic_dir, atomic_open
 
 TABLES = ("wav.scp", "segments", "text", "utt2spk", "spk2utt", "reco2file_and_channel",
           "feats.scp", "cmvn.scp", "utt2num_frames", "utt2dur")
@@ -541,3 +541,82 @@ def _shuffled_speakers(data: DataDir, n: int) -> list[str]:
             break
         keep.extend(utts)
     return keep
+
+
+# ------------------------------------------------------------------ split data dirs
+
+#: The rule that cuts a data dir into blocks of whole speakers (:func:`split_blocks`); it does
+#: not involve ``nj``, so neither do the statistics summed block by block.  A block is about
+#: ``SPLIT_BLOCK_FRAMES`` frames (10 h of speech), at least ``SPLIT_MIN_BLOCKS`` of them (work
+#: for a few jobs on a small set) and at most ``SPLIT_MAX_BLOCKS`` (each block's statistics
+#: travel to the stage's process: SWB-2000's ~720M frames make 200 blocks), never more than
+#: the speakers.
+SPLIT_BLOCK_FRAMES = 3_600_000
+SPLIT_MIN_BLOCKS = 8
+SPLIT_MAX_BLOCKS = 256
+#: The tables a block's dir gets (those a job reads), and what its key is made from.
+_SPLIT_TABLES = ("utt2spk", "text", "feats.scp", "cmvn.scp", "utt2num_frames", "segments",
+                 "wav.scp")
+
+
+def num_split_blocks(frames: int, speakers: int) -> int:
+    """How many blocks :func:`split_blocks` makes of ``frames`` frames of ``speakers``
+    speakers: ``ceil(frames / SPLIT_BLOCK_FRAMES)`` within ``[SPLIT_MIN_BLOCKS,
+    SPLIT_MAX_BLOCKS]``, at most one a speaker."""
+    n = -(-int(frames) // SPLIT_BLOCK_FRAMES)
+    return max(1, min(int(speakers), max(SPLIT_MIN_BLOCKS, min(SPLIT_MAX_BLOCKS, n))))
+
+
+def split_blocks(data: DataDir) -> list[list[str]]:
+    """The data dir's utterances in blocks of whole speakers (Kaldi's ``split_data.sh``
+    without ``--per-utt``: fMLLR needs a speaker's every utterance in one job), balanced by
+    ``utt2num_frames`` (by utterances without it): speakers, largest first, each to the
+    lightest block (ties: the lower block).  How many: :func:`num_split_blocks`.  A block
+    lists its speakers in sorted order and their utterances sorted, so the blocks depend on
+    the data dir only."""
+    spk2utt = data.spk2utt
+    frames = data.utt2num_frames
+    weight = {s: sum(frames.get(u, 1) for u in us) for s, us in spk2utt.items()}
+    n = num_split_blocks(sum(weight.values()), len(spk2utt))
+    load = [0] * n
+    blocks: list[list[str]] = [[] for _ in range(n)]
+    for s in sorted(spk2utt, key=lambda s: (-weight[s], s)):
+        j = min(range(n), key=lambda j: (load[j], j))
+        blocks[j].append(s)
+        load[j] += weight[s]
+    return [[u for s in sorted(b) for u in spk2utt[s]] for b in blocks if b]
+
+
+def split_data_dir(path: str | Path) -> list[Path]:
+    """The data dir at ``path`` split into :func:`split_blocks`, one data dir each (Kaldi's
+    ``data/<set>/split<N>/<k>``, k from 1): its utterances' tables, so a job reads its block's
+    tables, not the corpus's.  Written once, atomically (the whole ``split<N>`` under a
+    temporary name, then renamed); reused while its ``key`` (a digest of the tables it was cut
+    from) matches, rewritten when the data dir changed.  Returns the block dirs in order."""
+    import hashlib
+
+    path = Path(path)
+    h = hashlib.sha256()
+    for name in _SPLIT_TABLES:
+        f = path / name
+        h.update(name.encode() + b"\0")
+        if f.is_file():
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+        h.update(b"\0")
+    h.update(f"{SPLIT_BLOCK_FRAMES} {SPLIT_MIN_BLOCKS} {SPLIT_MAX_BLOCKS}".encode())
+    key = h.hexdigest()
+    data = DataDir.read(path)
+    frames = sum(data.utt2num_frames.get(u, 1) for u in data.utt2spk)
+    n_max = num_split_blocks(frames, len(set(data.utt2spk.values())))
+    where = path / f"split{n_max}"
+    keyfile = where / "key"
+    if keyfile.is_file() and keyfile.read_text().strip() == key:
+        return [where / str(k + 1) for k in range(len(list(where.glob("[0-9]*"))))]
+    blocks = split_blocks(data)
+    with atomic_dir(where) as tmp:
+        for k, utts in enumerate(blocks):
+            data.subset(utts).write(tmp / str(k + 1))
+        (tmp / "key").write_text(key + "\n")
+    return [where / str(k + 1) for k in range(len(blocks))]
