@@ -10,9 +10,9 @@ measuring wrapper (wall s, CPU s of the stage and its jobs, peak RSS of the larg
 The align dirs (models, alignments, transforms, fMLLR feature tables) are then compared byte for
 byte, less the files that hold times, keys or paths (log.txt, passes.json, .done,
 graph/info.json) or point into their own exp dir (the .scp tables: compared as the arrays they
-index); a model that differs is also compared to 1e-6 relative (the jobs' statistics are summed
-in another grouping: tests/test_align_adapt.py's nj test).  Exit status 1 when an alignment
-differs or a model is not that close.
+index); a model that differs is also compared to 1e-6 relative, to say how far it is.  Exit
+status 1 when any file differs: the jobs serve blocks of whole speakers cut by a rule without
+nj, and the stage sums their statistics in block order, so nothing may.
 
 ``--settings small`` (default): bench/scale.py's small GMM settings (mono, tri1, tri3 LDA+MLLT,
 tri4 SAT, a few iterations each, no decoding); ``recipe``: conf/align/tiny.yaml's passes as the
@@ -84,8 +84,8 @@ def table_arrays(scp: Path) -> dict:
 
 
 def close_models(a: Path, b: Path, rtol: float = 1e-6) -> str | None:
-    """None when the two model files are equal to ``rtol`` relative (as tests/test_align_adapt's
-    nj test: the jobs' sums are grouped by job), else what differs."""
+    """None when the two model files are equal to ``rtol`` relative (a diagnosis of a model whose
+    bytes differ: how far it is), else what differs."""
     import numpy as np
     import torch
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
              + ", models " + ("equal to 1e-6" if result["models_close"] else
                               f"NOT CLOSE {cmp['models_not_close']}")))
     print(f"wrote {out} in {result['wall_s']:.0f} s")
-    if not (result["alignments_identical"] and result["models_close"]):
+    if diffs:   # the jobs' blocks do not depend on nj: every file the same bytes
         raise SystemExit(1)
 
 

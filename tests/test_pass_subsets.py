@@ -189,3 +189,44 @@ def test_the_last_pass_trains_on_all_of_the_training_set(tmp_path: Path) -> None
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "align.passes.tri1b.data: the last pass trains on all of sets.train" in proc.stderr
+
+
+def test_the_number_of_blocks_does_not_involve_nj() -> None:
+    """``num_split_blocks``: ~10 h of speech a block, 8 at least, 256 at most, one a speaker at
+    most (the tiny recipe's training set: 79k frames of 20 speakers; SWB-2000: ~720M)."""
+    from asrtrain.data.datadir import num_split_blocks
+
+    assert num_split_blocks(79_263, 20) == 8
+    assert num_split_blocks(79_263, 5) == 5
+    assert num_split_blocks(720_000_000, 20_000) == 200
+    assert num_split_blocks(10 ** 10, 10 ** 5) == 256
+    assert num_split_blocks(0, 0) == 1
+
+
+def test_split_data_dir_is_whole_speakers_written_once(tmp_path: Path) -> None:
+    """Kaldi's split_data.sh: a data dir of each block, whole speakers, every utterance in one
+    block; reused as it is while the data dir is unchanged, cut again when it changed."""
+    from asrtrain.data.datadir import split_data_dir
+
+    src = tmp_path / "data"
+    hand_made().write(src)
+    blocks = split_data_dir(src)
+    assert [b.name for b in blocks] == [str(k) for k in range(1, len(blocks) + 1)]
+    assert len(blocks) == 6 and all(b.parent == src / "split6" for b in blocks)
+    seen: dict[str, str] = {}
+    for b in blocks:
+        d = DataDir.read(b)
+        for spk in d.spk2utt:
+            assert spk not in seen.values(), f"speaker {spk} in two blocks"
+        seen.update(d.utt2spk)
+        assert d.text == {u: hand_made().text[u] for u in d.utt2spk}
+    assert seen == hand_made().utt2spk
+    key = (src / "split6" / "key").stat()
+    assert split_data_dir(src) == blocks
+    assert (src / "split6" / "key").stat().st_mtime_ns == key.st_mtime_ns   # not rewritten
+    changed = hand_made()
+    changed.text = {u: "right" for u in changed.text}
+    changed.write(src)
+    blocks = split_data_dir(src)
+    assert all(set(DataDir.read(b).text.values()) == {"right"} for b in blocks)
+    assert not list(src.glob("*.tmp")) and not list(src.glob(".split*"))

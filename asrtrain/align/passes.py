@@ -12,7 +12,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,14 +24,12 @@ import torch
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
 from asrtrain.align.config import GmmConfig
-from asrtrain.align.frames import (
-    Moments,
-)
 from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.model import (
     AcousticModel,
     AlignResult,
     Utterance,
+    add_transition_counts,
     check_failures,
     estimate_log_trans,
     frame_contexts,
@@ -177,17 +177,43 @@ class PassJobs:
             shutil.rmtree(self.work, ignore_errors=True)
 
     def run(self, fn: Callable, make: Callable[[Part], object], desc: str) -> list:
-        """``fn`` over the parts, ``make(part)`` its argument; results in job order.  Jobs run
-        here one after another (one job, ``nj=1``, a GPU) draw their own progress bar over the
-        utterances they align (``progress``); parallel jobs have the runner's bar over jobs."""
+        """``fn`` over the blocks, ``make(part)`` its argument; results in block order, their
+        statistics (:data:`SUMMED`) added into the first result's as each result comes, in
+        block order (``gmm-sum-accs``; a result that comes early waits for those before it),
+        and dropped from the others: the stage holds one sum and the results waiting, not
+        every block's statistics.  Jobs run here one after another (one job, ``nj=1``, a GPU)
+        draw their own progress bar over the utterances they align (``progress``); parallel
+        jobs have the runner's bar over jobs."""
         args = [make(p) for p in self.parts]
-        if self.jobs.cmd == "local" and (self.in_process or len(args) == 1
-                                         or self.jobs.nj == 1):
+        here = self.jobs.cmd == "local" and (self.in_process or len(args) == 1
+                                             or self.jobs.nj == 1)
+        if here:
             for a in args:
                 if hasattr(a, "progress"):
                     a.progress = f"{self.name}: {desc}"
-        return run_jobs(fn, args, self.jobs, f"{self.name}: {desc}",
-                        in_process=self.in_process, pool=self.pool)
+        out: list = []
+        for r in self._results(fn, args, f"{self.name}: {desc}", here):
+            if out:
+                add_statistics(out[0], r)
+            out.append(r)
+        return out
+
+    def _results(self, fn: Callable, args: list, desc: str, here: bool) -> Iterator:
+        """The jobs' results in block order, each as soon as it and those before it are done;
+        local jobs are given to the pool at most ``2 * nj`` ahead of the first not yet taken
+        (the results that wait are bounded).  SLURM's array returns all at the end."""
+        if self.jobs.cmd != "local":
+            yield from run_jobs(fn, args, self.jobs, desc, in_process=self.in_process,
+                                pool=self.pool)
+            return
+        if here:
+            with Bar(total=len(args), desc=desc, unit="job", file=sys.stderr,
+                     hidden=len(args) == 1, leave=False) as bar:
+                for a in args:
+                    yield fn(a)
+                    bar.update()
+            return
+        yield from _pooled_in_order(fn, args, self.pool, desc, 2 * self.jobs.nj)
 
     def setup(self, features: Features, desc: str, **kw) -> list[SetupResult]:
         return self.run(setup_job, lambda p: SetupJob(p, features, ali=self.prev_ali,
@@ -213,6 +239,61 @@ class PassJobs:
 
     def alignment_parts(self) -> list[tuple[Path, int]]:
         return [(self.work, p.index) for p in self.parts]
+
+
+#: The fields of the jobs' results that are statistics, summed block by block.
+SUMMED = ("stats", "counts", "moments", "mllt", "alimdl", "alimdl_moments", "tree", "lda")
+
+
+def add_statistics(total: object, r: object) -> None:
+    """``r``'s statistics (:data:`SUMMED`) added into ``total``'s (float64, in place) and
+    taken from ``r``."""
+    for name in SUMMED:
+        x = getattr(r, name, None)
+        if x is None:
+            continue
+        y = getattr(total, name)
+        if y is None:
+            setattr(total, name, x)
+        elif name == "counts":
+            add_transition_counts(y, x)
+        else:
+            y.add(x)
+        setattr(r, name, None)
+
+
+def _pooled_in_order(fn: Callable, args: list, pool: JobPool, desc: str, ahead: int
+                     ) -> Iterator:
+    """``fn(a)`` for each of ``args`` in ``pool``'s processes, yielded in ``args``' order;
+    at most ``ahead`` calls given out beyond the first result not yet yielded.  A job that
+    fails or dies ends the pool and raises, naming the job (as :func:`run_jobs`)."""
+    executor = pool.executor()
+    futures: dict[int, Future] = {}
+    nxt = 0
+    try:
+        with Bar(total=len(args), desc=desc, unit="job", file=sys.stderr, disable=None,
+                 leave=False) as bar:
+            for i in range(len(args)):
+                while nxt < len(args) and nxt < i + max(ahead, 1):
+                    futures[nxt] = executor.submit(fn, args[nxt])
+                    nxt += 1
+                try:
+                    r = futures.pop(i).result()
+                except BrokenProcessPool as e:
+                    raise AsrtrainError(f"{desc}: a job process died (killed or out of "
+                                        f"memory) while job {i + 1} of {len(args)} ran") from e
+                except AsrtrainError as e:
+                    raise AsrtrainError(f"{desc}: job {i + 1} of {len(args)}: {e}") from e
+                except Exception as e:
+                    raise AsrtrainError(f"{desc}: job {i + 1} of {len(args)} failed: "
+                                        f"{type(e).__name__}: {e}") from e
+                bar.update()
+                yield r
+    except BaseException:
+        for f in futures.values():
+            f.cancel()
+        pool.close(cancel=True)   # a failed or interrupted run ends its pool
+        raise
 
 
 def align_result(parts: list[IterResult]) -> AlignResult:
@@ -255,10 +336,7 @@ def train_iters(model: AcousticModel, pj: PassJobs, cfg: GmmConfig, target_gauss
             res = _checked(parts, align, pj, cfg, plog, it)
             extra = mllt(it, model, parts)
             parts = pj.iterate(model, "read", ("gmm", "moments"), f"iter {it}")
-            moments = Moments()
-            for p in parts:
-                moments.add(p.moments)
-            model.var_floor = cfg.var_floor_factor * moments.mean_var()[1]
+            model.var_floor = cfg.var_floor_factor * parts[0].moments.mean_var()[1]
         elif fmllr is not None and it in cfg.fmllr_iters:
             parts = pj.iterate(model, align, ("fmllr", "gmm"), desc + ", fMLLR")
             res = _checked(parts, align, pj, cfg, plog, it)
@@ -352,12 +430,8 @@ def tree_model(pj: PassJobs, features: Features, lang: Lang, ali_dir: Path, c: G
     parts = pj.setup(features, "tree statistics", tree=True, moments=True,
                      fmllr_model=fmllr_model,
                      pdf_ali=str(ali_dir.resolve() / "ali.scp") if fmllr_model else None)
-    stats, moments = parts[0].tree, Moments()
-    for i, r in enumerate(parts):
-        if i:
-            stats.add(r.tree)
-        moments.add(r.moments)
-    mean, var = moments.mean_var()
+    stats = parts[0].tree   # the blocks' sums (PassJobs.run)
+    mean, var = parts[0].moments.mean_var()
     var_floor = c.var_floor_factor * var
     ps = lang.phones
     sets = [[ps.phones[v] for v in ps.variants(b)] for b in ps.bases]

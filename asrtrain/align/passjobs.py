@@ -662,9 +662,13 @@ def _add_alignment(out: IterResult, res, seconds: float) -> None:
 
 
 def sum_gmm(parts: Iterable[IterResult]) -> tuple[GmmStats, dict[int, np.ndarray]]:
-    """``gmm-sum-accs``: the jobs' GMM statistics and transition counts, in job order."""
+    """``gmm-sum-accs``: the jobs' GMM statistics and transition counts, in block order (a
+    result whose statistics :meth:`asrtrain.align.passes.PassJobs.run` already added into the
+    first's has none)."""
     stats, counts = None, {}
     for p in parts:
+        if p.stats is None:
+            continue
         if stats is None:
             stats = p.stats
         else:

@@ -106,12 +106,8 @@ def train_sat(data_dir: Path, lang_dir: Path, ali_dir: Path, out_dir: Path,
         update = FmllrHook(transforms, plog)
         res, parts = train_iters(model, pj, c, c.num_gauss, plog, fmllr=update)
         t0 = time.time()
-        stats, moments = parts[0].alimdl, Moments()
-        for i, p in enumerate(parts):
-            if i:
-                stats.add(p.alimdl)
-            moments.add(p.alimdl_moments)
-        alimdl = alimdl_update(model, stats, moments, c)
+        # the blocks' sums (PassJobs.run adds them into the first result in block order)
+        alimdl = alimdl_update(model, parts[0].alimdl, parts[0].alimdl_moments, c)
         plog(f"final.alimdl (speaker-independent) estimated in {time.time() - t0:.1f} s")
         summary = {"kind": "sat", "num_pdfs": model.num_pdfs,
                    "num_gauss": model.gmm.num_gauss(), "utterances": len(utts),

@@ -34,9 +34,6 @@ from asrtrain import AsrtrainError
 from asrtrain.adapt.lda import estimate_lda
 from asrtrain.adapt.mllt import compose, estimate_mllt, transform_means
 from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
-from asrtrain.align.frames import (
-    Moments,
-)
 from asrtrain.align.gmm import DiagGmmSet
 from asrtrain.align.model import (
     AcousticModel,
@@ -94,10 +91,8 @@ def train_mono(data_dir: Path, lang_dir: Path, out_dir: Path,
     for utt, why in sorted(skipped.items()):
         plog(f"skipped {utt}: {why}")
     with PassJobs(data_dir, lang_dir, out_dir, utts, data, jobs, c, "mono") as pj:
-        moments = Moments()
-        for r in pj.setup(Features(delta_order=c.delta_order), "global mean and variance",
-                          moments=True):
-            moments.add(r.moments)
+        moments = pj.setup(Features(delta_order=c.delta_order), "global mean and variance",
+                           moments=True)[0].moments   # the blocks' sum (PassJobs.run)
         mean, var = moments.mean_var()
         var_floor = c.var_floor_factor * var
         tree = mono_tree(lang.phones.root_of(), num_states(lang))
@@ -198,9 +193,7 @@ def _estimate_lda(pj: PassJobs, ali_dir: Path, splice: tuple[int, int], c: GmmCo
     num_classes = int((ali_dir / "num_pdfs").read_text().split()[0])
     parts = pj.setup(Features(), "LDA statistics", lda=(num_classes, *splice),
                      pdf_ali=str(existing_file(ali_dir / "ali.scp").resolve()))
-    stats = parts[0].lda
-    for r in parts[1:]:
-        stats.add(r.lda)
+    stats = parts[0].lda   # the blocks' sum (PassJobs.run)
     res = estimate_lda(stats, c.dim)
     spliced_dim = stats.dim
     info = {"dim": c.dim, "spliced_dim": spliced_dim, "classes": int((stats.count > 0).sum()),
@@ -224,9 +217,7 @@ class MlltUpdate:
 
     def __call__(self, it: int, model: AcousticModel, parts: list[IterResult]) -> dict:
         t0 = time.time()
-        stats = parts[0].mllt
-        for p in parts[1:]:
-            stats.add(p.mllt)
+        stats = parts[0].mllt   # the blocks' sum (PassJobs.run)
         est = estimate_mllt(stats)
         m = est.matrix.cpu()
         g = model.gmm
