@@ -252,6 +252,41 @@ def tiny_tri1(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exp
 
 
+#: The tiny recipe's two systems, small: the CTC model, mono and tri1, the hybrid model on the 40
+#: log-mel input (recipes/tiny/small.yaml's ctc, tri1 and hybrid sets; tests/test_e2e.py's SMALL,
+#: ALIGN_SMALL and HYBRID_SMALL, in that order).
+TRAINED_SETS = ("ctc", "tri1", "hybrid")
+
+
+def copy_exp(exp: Path, dest: Path) -> Path:
+    """A copy of a session experiment that a test may change (``dest``, which must not exist):
+    symlinks kept; the copy's next run rewrites the records that name the old place."""
+    import shutil
+
+    shutil.copytree(exp, dest, symlinks=True)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_trained(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every stage of the tiny recipe, small (TRAINED_SETS), run once a session through the
+    CLI on a copy of ``tiny_tri1``, whose data stages and GMM passes it reuses: both models
+    trained, decoded and scored. ``{"exp": the exp dir, "args": the run's arguments after
+    ``run``, less ``exp_dir``, "stderr": its output}``. Read-only: a test that runs anything in
+    it works on a copy (``copy_exp``), and passes the same ``args`` to find nothing to do."""
+    import subprocess
+
+    import small  # bench/small.py
+
+    exp = copy_exp(tiny_tri1, tmp_path_factory.mktemp("tiny_trained") / "exp")
+    args = ["recipes/tiny", *small.overrides(*TRAINED_SETS)]
+    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *args,
+                           f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"exp": exp, "args": args, "stderr": proc.stderr}
+
+
 @pytest.fixture(scope="session")
 def hybrid_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny corpus's eval2000 (espeak-ng speech, stm + glm) with MFCC (for the GMM) and fbank

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
+from conftest import copy_exp
+from test_e2e import REPO, asrtrain
 
 from asrtrain.pipeline import Pipeline, run_recipe
 from asrtrain.recipe import compose_recipe
@@ -157,13 +158,12 @@ def test_a_hybrid_recipe_without_the_split_stages_is_refused(tmp_path: Path) -> 
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory) -> list[str]:
-    """A finished small run of the whole tiny recipe; returns its command-line settings."""
-    exp = tmp_path_factory.mktemp("invalidation") / "exp"
-    args = ["recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN_SMALL, *HYBRID_SMALL]
-    out = asrtrain("run", *args, timeout=1800)
-    assert [s for s in ALL if f"stage {s:<13} starts" in out.stderr] == ALL
-    return args
+def done(tiny_trained: dict, tmp_path_factory) -> list[str]:
+    """A finished small run of the whole tiny recipe (a copy of conftest's tiny_trained: SMALL,
+    ALIGN_SMALL, HYBRID_SMALL), which these tests change; returns its command-line settings."""
+    exp = copy_exp(tiny_trained["exp"], tmp_path_factory.mktemp("invalidation") / "exp")
+    assert [s for s in ALL if (exp / ".done" / s).is_file()] == ALL
+    return [*tiny_trained["args"], f"exp_dir={exp}"]
 
 
 def _exp(args: list[str]) -> Path:
@@ -171,9 +171,15 @@ def _exp(args: list[str]) -> Path:
 
 
 def plan(args: list[str], *extra: str) -> list[str]:
-    """The stages ``asrtrain run --dry-run`` says would run."""
-    out = asrtrain("run", *args, *extra, "--dry-run")
-    lines = [ln.split(None, 2) for ln in out.stdout.splitlines() if ln.strip()]
+    """The stages ``asrtrain run --dry-run`` says would run: the run command in this process
+    (click's runner), a stage process's start-up saved; the runs themselves are the CLI's."""
+    from click.testing import CliRunner
+
+    from asrtrain.cli import run as run_command
+
+    result = CliRunner().invoke(run_command, [*args, *extra, "--dry-run"])
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
+    lines = [ln.split(None, 2) for ln in result.stdout.splitlines() if ln.strip()]
     assert [ln[0] for ln in lines] == ALL
     return [name for name, what, *_ in lines if what == "runs:"]
 
@@ -254,22 +260,21 @@ def test_a_stale_input_outside_the_range_is_one_clear_error(done: list[str]) -> 
             "features.num_mel_bins: 40 -> 30)") in proc.stderr
 
 
-def test_force_reruns_the_stage_its_inner_steps_and_its_readers(done: list[str]) -> None:
+def test_force_reruns_the_stage_and_its_inner_steps_a_kill_resumes_at_its_pass_readers_follow(
+        done: list[str]) -> None:
+    """One forced align run (two tests merged: each forced align once): ``--force align``
+    reruns align alone and its inner steps (mono, done before, is trained again); killed with
+    SIGKILL inside align, once mono is done again, the next run resumes at tri1; then what
+    reads align must follow: its record names the align digest it was made from."""
     assert plan(done, "--force", "mfcc") == ["mfcc", *AFTER_ALIGN]
     exp = _exp(done)
     before = (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns
-    out = asrtrain("run", *done, "--force", "align", "--to", "align")
-    assert ran(out) == ["align"] and "done already" not in out.stderr
-    assert (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns != before
-    # what reads align must follow: its record names the align digest it was made from
-    assert plan(done) == AFTER_ALIGN[1:]
-
-
-def test_a_run_killed_inside_align_resumes_at_its_pass(done: list[str]) -> None:
-    exp = _exp(done)
-    proc = subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", *done, "--force",
-                             "align", "--to", "align"], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = exp.parent / "forced_align.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", *done, "--force",
+                                 "align", "--to", "align"], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=err, text=True, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     mono_done = exp / "align" / "mono" / ".done"
     deadline = time.time() + 900
     try:
@@ -282,6 +287,10 @@ def test_a_run_killed_inside_align_resumes_at_its_pass(done: list[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
+    forced = log.read_text()
+    assert [s for s in ALL if f"stage {s:<13} starts" in forced] == ["align"], forced[-3000:]
+    assert "done already" not in forced, forced[-3000:]
+    assert (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns != before
     assert not (exp / "align" / "tri1" / ".done").is_file()
     assert not (exp / ".done" / "align").is_file()
     out = asrtrain("run", *done, "--to", "align")
@@ -289,6 +298,7 @@ def test_a_run_killed_inside_align_resumes_at_its_pass(done: list[str]) -> None:
     assert "align mono: done already" in out.stderr
     assert "align tri1: done already" not in out.stderr
     assert (exp / "align" / "tri1" / ".done").is_file()
+    assert plan(done) == AFTER_ALIGN[1:]
 
 
 def test_a_bad_trainer_value_is_refused_before_anything_moves(done: list[str]) -> None:
