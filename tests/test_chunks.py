@@ -106,3 +106,81 @@ def test_bad_alignments_name_file_and_utterance(tmp_path: Path) -> None:
     (ali / "num_pdfs").unlink()
     with pytest.raises(AsrtrainError, match="num_pdfs: missing"):
         ChunkSet(data, ali, chunk=21)
+
+
+def _plan_before(cs: ChunkSet, seed, rank, world, batch_size, block_utts=256, steps=None):
+    """ChunkSet.plan as it was before the index arrays (commit eec374d), kept verbatim but for
+    the tables it read from the set: the order the plan must keep, byte for byte."""
+    import random
+
+    utt = cs.chunk_table()[0]
+    first = np.searchsorted(utt, np.arange(len(cs.utts) + 1)).tolist()
+    index = {u: i for i, u in enumerate(cs.utts)}
+    rng = random.Random(None if seed is None else seed * 7919 + rank)
+    utts = list(cs.utts)
+    if seed is not None:
+        random.Random(seed).shuffle(utts)
+    utts = utts[rank::world]
+    pending: list[int] = []
+    made = 0
+    for i in range(0, len(utts), block_utts):
+        block = utts[i: i + block_utts]
+        for u in block:
+            k = index[u]
+            pending.extend(range(first[k], first[k + 1]))
+        if seed is not None:
+            rng.shuffle(pending)
+        n = len(pending) // batch_size
+        if steps is not None:
+            n = min(n, steps - made)
+        cut = n * batch_size
+        yield block, np.asarray(pending[:cut], dtype=np.int64).reshape(n, batch_size)
+        pending = pending[cut:]
+        made += n
+        if steps is not None and made >= steps:
+            return
+    if pending and steps is None:
+        yield [], np.asarray(pending, dtype=np.int64)[None]
+
+
+def test_plan_keeps_the_order_it_had_with_lists_of_names(tmp_path: Path) -> None:
+    """The plan made from arrays of utterance and chunk numbers (a learner's memory) is the one
+    made from lists of names and Python ints before it: same blocks, same chunk numbers, same
+    dtype, for shards, steps, blocks and evaluation order; steps are the smallest shard's."""
+    lengths = [int(n) for n in np.random.default_rng(3).integers(1, 140, 61)]
+    cs = ChunkSet(*_tagged(tmp_path, lengths), chunk=21)
+    for seed, world, batch_size, block_utts in ((1, 1, 4, 3), (2, 2, 3, 2), (7, 3, 2, 256),
+                                                (13, 4, 5, 1), (None, 2, 4, 7)):
+        steps = cs.steps(seed, world, batch_size) if seed is not None else None
+        for rank in range(world):
+            want = list(_plan_before(cs, seed, rank, world, batch_size, block_utts, steps))
+            got = list(cs.plan(seed, rank, world, batch_size, block_utts, steps))
+            assert len(got) == len(want) > 0
+            for (utts, batches), block in zip(want, got, strict=True):
+                assert block.utts == utts
+                assert block.batches.dtype == batches.dtype == np.int64
+                assert np.array_equal(block.batches, batches)
+            if seed is not None:
+                shard_chunks = [int(cs._first[k + 1] - cs._first[k])
+                                for k in cs.shard_ids(seed, rank, world)]
+                assert steps <= sum(shard_chunks) // batch_size
+        if seed is not None:
+            assert steps == min(sum(len(cs.cut(u)) for u in cs.shard(seed, r, world))
+                                for r in range(world)) // batch_size
+    ids = cs.shard_ids(7, 1, 3)
+    assert ids.dtype == np.int32 and [cs.utts[k] for k in ids] == cs.shard(7, 1, 3)
+    utt, start, length = cs.chunk_table()
+    assert (utt.dtype, start.dtype, length.dtype) == (np.int32, np.int32, np.int16)
+
+
+def test_claimed_blocks_name_the_utterances_their_chunks_come_from(tmp_path: Path) -> None:
+    """A learner that claims blocks of the whole set's plan gets them as they are in it, with
+    the utterances its chunks come from (found from the first-chunk numbers)."""
+    cs = ChunkSet(*_tagged(tmp_path, [30, 47, 63, 64, 12, 100, 80, 90, 21, 5]), chunk=21)
+    utt_of = cs.chunk_table()[0]
+    whole = [b.batches for b in cs.plan(3, 0, 1, 4, 2)]
+    order = iter([2, 0, 1, None])
+    blocks = list(cs.plan(3, 0, 1, 4, 2, claim=lambda n: next(order)))
+    assert [b.batches.tolist() for b in blocks] == [whole[k].tolist() for k in (2, 0, 1)]
+    for b in blocks:
+        assert b.utts == [cs.utts[i] for i in np.unique(utt_of[b.batches.ravel()])]

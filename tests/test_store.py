@@ -196,3 +196,32 @@ def test_gpu_learner_gets_the_batches_of_the_cpu_path(chunk_data, streams, tmp_p
     batches = list(gpu.batches(2, 1, 2, 3, 2, cs.steps(2, 2, 3)))
     assert all(b.feats.device.type == "cuda" for b in batches)
     assert_identical(cpu.batches(2, 1, 2, 3, 2, cs.steps(2, 2, 3)), batches)
+
+
+def test_a_learner_forgets_the_tables_once_its_chunks_are_in_the_store(chunk_data, streams,
+                                                                       tmp_path) -> None:
+    """After ChunkSet.forget_tables a learner keeps no per-utterance table (data dir, ali.scp,
+    the streams' scp, names, frame counts, CMVN statistics), only the first-chunk numbers, and
+    its epochs are byte for byte those it served before; what needs a table says so."""
+    cs = ChunkSet(*chunk_data, chunk=21, delta_order=2, norm_vars=True, streams=streams)
+    rc = ResidentChunks(cs, "cpu", store_dir=tmp_path)
+    plans = [(3, r, 2, 4, 3, cs.steps(3, 2, 4)) for r in range(2)] + [(None, 0, 1, 5, 256, None)]
+    before = [list(rc.batches(*args)) for args in plans]
+    # the batches' lengths are read from the store's mapped chunk table, not a copy of it
+    assert rc.host_length.untyped_storage().data_ptr() == rc.first.untyped_storage().data_ptr()
+    length = len(cs)
+    cs.forget_tables()
+    assert cs.utts == [] and not cs.ali and not cs.num_frames
+    assert not any(v for v in vars(cs.reader.data).values() if isinstance(v, dict))
+    assert not cs.reader.transform.cmvn and not any(s.table for s in cs.reader.streams)
+    assert len(cs) == length and cs._first.nbytes == 8 * (len(LENGTHS) + 1)
+    for args, want in zip(plans, before, strict=True):
+        assert assert_identical(want, rc.batches(*args)) == len(want)
+    assert cs.steps(3, 2, 4) == plans[0][-1]
+    for call in (lambda: ResidentChunks(cs, "cpu", store_dir=tmp_path),
+                 lambda: chunk_set_key(cs, torch.float16), cs.chunk_table,
+                 lambda: cs.shard(3, 0, 2), lambda: next(cs.batches(3, 0, 2, 4)),
+                 cs.pdf_counts):
+        with pytest.raises(AsrtrainError, match=r"data: .* reads the per-utterance tables, "
+                                                r"which this learner dropped"):
+            call()

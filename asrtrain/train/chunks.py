@@ -20,6 +20,7 @@ import logging
 import queue
 import random
 import threading
+from array import array
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +104,41 @@ class ChunkSet:
                         missing)
         self.num_frames = {u: data.utt2num_frames[u] for u in self.utts}
         self.dim = self.reader.dim
-        self._table: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.num_utts = len(self.utts)
+        # what an epoch's plan needs of the set, per utterance only: its first chunk's number
+        counts = chunk_counts(np.fromiter((self.num_frames[u] for u in self.utts),
+                                          dtype=np.int64, count=self.num_utts), chunk)
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._forgotten = False
 
     def __len__(self) -> int:
-        return len(self.chunk_table()[0])
+        return int(self._first[-1])
+
+    def forget_tables(self) -> None:
+        """Drop the per-utterance tables (the data dir's, ``ali.scp``'s, the appended streams'
+        ``.scp``, the utterance names and frame counts) once the chunks are resident in a chunk
+        store: a learner then keeps, per utterance, only its first chunk's number (8 bytes),
+        which is all :meth:`plan` and :meth:`steps` read. At 1-2 KiB an utterance as Python
+        objects these tables were a learner's private memory that grew with the corpus (several
+        GB a learner at SWB-2000's utterance count). Reading the arks (:meth:`batches`,
+        :meth:`cut`), :meth:`chunk_table`, :meth:`pdf_counts` and a store's key need them:
+        afterwards they are one error."""
+        tables = [v for v in vars(self.reader.data).values() if isinstance(v, dict)]
+        tables += [self.ali, self.num_frames, self.reader.transform.cmvn]
+        tables += [stream.table for stream in self.reader.streams]
+        for table in tables:  # in place: the reader's transform holds utt2spk and cmvn too
+            table.clear()
+        self.utts = []
+        self._forgotten = True
+
+    def need_tables(self, what: str) -> None:
+        if self._forgotten:
+            raise AsrtrainError(f"{self.data_dir}: {what} reads the per-utterance tables, which "
+                                "this learner dropped once its chunks were resident "
+                                "(ChunkSet.forget_tables)")
 
     def load(self, utt: str) -> tuple[np.ndarray, np.ndarray]:
+        self.need_tables("reading an utterance")
         feats = self.reader[utt]
         return feats, self.alignment(utt, feats.shape[0])
 
@@ -135,17 +165,32 @@ class ChunkSet:
 
     # ------------------------------------------------------------------ epochs and shards
     def shard(self, seed: int | None, rank: int, world: int) -> list[str]:
-        utts = list(self.utts)
+        """The names of the utterances of learner ``rank``'s shard (see :meth:`shard_ids`)."""
+        self.need_tables("naming a shard's utterances")
+        return [self.utts[k] for k in self.shard_ids(seed, rank, world).tolist()]
+
+    def shard_ids(self, seed: int | None, rank: int, world: int) -> np.ndarray:
+        """The numbers (in ``self.utts`` order) of the utterances of learner ``rank``'s shard
+        this epoch: every ``world``-th of the set shuffled with ``seed`` (None: in order).
+
+        The shuffle is ``random.Random(seed).shuffle`` of the set, as it was of the names (it
+        permutes by the length only, so the order is the same), but of an ``array`` of
+        utterance numbers, 4 bytes each where they fit int32 (< 2^31 utterances), not a list
+        of Python objects; the whole set's permutation is made (this learner's shard depends on
+        all of it) and dropped once the shard is taken, which is copied out of it."""
+        n = self.num_utts
+        wide = n >= 1 << 31
+        order = array("q" if wide else "i", range(n))
         if seed is not None:
-            random.Random(seed).shuffle(utts)
-        return utts[rank::world]
+            random.Random(seed).shuffle(order)
+        out = np.frombuffer(order, dtype=np.int64 if wide else np.int32)[rank::world].copy()
+        del order
+        return out
 
     def steps(self, seed: int | None, world: int, batch_size: int) -> int:
         """Steps every learner runs this epoch: the smallest shard's full batches."""
-        first = self._first_chunk()
-        index = self._index()
-        counts = [sum(first[index[u] + 1] - first[index[u]] for u in self.shard(seed, r, world))
-                  for r in range(world)]
+        per_utt = np.diff(self._first)
+        counts = [int(per_utt[self.shard_ids(seed, r, world)].sum()) for r in range(world)]
         steps = min(counts) // batch_size
         if steps == 0:
             raise AsrtrainError(f"{self.data_dir}: a learner's share has {min(counts)} chunks, "
@@ -156,17 +201,22 @@ class ChunkSet:
         """Every chunk of the set, numbered utterance by utterance in ``self.utts`` order:
         (utterance index, start frame, frames) per chunk, from ``utt2num_frames``, laid out as
         :func:`chunk_starts` lays them (computed for all utterances at once: SWB-2000 has
-        tens of millions of chunks)."""
-        if self._table is None:
-            c = self.chunk
-            n = np.asarray([self.num_frames[u] for u in self.utts], dtype=np.int64)
-            full = np.where(n > c, (n - c) // c + 1, 1)  # chunks starting at multiples of c
-            count = full + (full * c < n)                # and one ending on the last frame
-            utt = np.repeat(np.arange(len(n)), count)
-            k = np.arange(len(utt)) - np.repeat(np.cumsum(count) - count, count)
-            start = np.where(k < full[utt], k * c, n[utt] - c)
-            self._table = (utt, start, np.minimum(c, n[utt] - start))
-        return self._table
+        tens of millions of chunks).
+        Made afresh at each call, not kept: it is per chunk (its dtypes the narrowest that
+        hold the set: the utterance number int32 below 2^31 utterances, the start int32 below
+        2^31 frames an utterance, the frames int16 for chunks below 2^15 frames); the store
+        keeps what batches need of it (:mod:`asrtrain.train.resident`)."""
+        self.need_tables("the chunk table")
+        c = self.chunk
+        n = np.fromiter((self.num_frames[u] for u in self.utts), dtype=np.int64,
+                        count=self.num_utts)
+        full, count = _full_and_count(n, c)
+        utt = np.repeat(np.arange(len(n), dtype=narrowest(len(n))), count)
+        k = np.arange(len(utt), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        start = np.where(k < full[utt], k * c, n[utt] - c)
+        del k
+        length = np.minimum(c, n[utt] - start).astype(narrowest(c, np.int16))
+        return utt, start.astype(narrowest(int(n.max(initial=0)))), length
 
     def plan(self, seed: int | None, rank: int, world: int, batch_size: int,
              block_utts: int = 256, steps: int | None = None,
@@ -192,52 +242,49 @@ class ChunkSet:
             yield from self._claimed(seed, batch_size, block_utts, claim)
             return
         rng = random.Random(None if seed is None else seed * 7919 + rank)
-        first, index = self._first_chunk(), self._index()
-        pending: list[int] = []
+        first = self._first
+        pending = array("q")  # the chunk numbers read and not yet batched: int64, no objects
         made = 0
-        utts = self.shard(seed, rank, world)
-        for i in range(0, len(utts), block_utts):
-            block = utts[i: i + block_utts]
-            for u in block:
-                k = index[u]
+        ids = self.shard_ids(seed, rank, world)
+        for i in range(0, len(ids), block_utts):
+            block = ids[i: i + block_utts].tolist()
+            for k in block:
                 pending.extend(range(first[k], first[k + 1]))
             if seed is not None:
-                rng.shuffle(pending)
+                rng.shuffle(pending)  # the permutation of a list of the same length
             n = len(pending) // batch_size
             if steps is not None:
                 n = min(n, steps - made)
             cut = n * batch_size
-            yield EpochBlock(block, np.asarray(pending[:cut], dtype=np.int64).reshape(
-                n, batch_size))
+            yield EpochBlock([self.utts[k] for k in block] if not self._forgotten else [],
+                             np.frombuffer(pending[:cut], dtype=np.int64).reshape(n, batch_size))
             pending = pending[cut:]
             made += n
             if steps is not None and made >= steps:
                 return
         if pending and steps is None:
-            yield EpochBlock([], np.asarray(pending, dtype=np.int64)[None])
+            yield EpochBlock([], np.frombuffer(pending, dtype=np.int64)[None])
 
     def _claimed(self, seed: int | None, batch_size: int, block_utts: int,
                  claim: Callable[[int], int | None]) -> Iterator[EpochBlock]:
         blocks = [b.batches for b in self.plan(seed, 0, 1, batch_size, block_utts)]
-        utt_of = self.chunk_table()[0]
         while (k := claim(len(blocks))) is not None:
-            needed = np.unique(utt_of[blocks[k].ravel()]).tolist()
-            yield EpochBlock([self.utts[i] for i in needed], blocks[k])
+            # the utterance of each chunk: the last whose first chunk is at or before it
+            needed = np.unique(np.searchsorted(self._first, blocks[k].ravel(), "right") - 1)
+            names = [] if self._forgotten else [self.utts[i] for i in needed.tolist()]
+            yield EpochBlock(names, blocks[k])
 
-    def _first_chunk(self) -> list[int]:
+    def _first_chunk(self) -> np.ndarray:
         """Number of each utterance's first chunk, and the number of chunks at the end."""
-        utt = self.chunk_table()[0]
-        return np.searchsorted(utt, np.arange(len(self.utts) + 1)).tolist()
-
-    def _index(self) -> dict[str, int]:
-        return {u: i for i, u in enumerate(self.utts)}
+        return self._first
 
     def batches(self, seed: int | None, rank: int, world: int, batch_size: int,
                 block_utts: int = 256, steps: int | None = None,
                 claim: Callable[[int], int | None] | None = None) -> Iterator[ChunkBatch]:
         """This learner's batches for one epoch, streamed from the arks block by block
         (``seed`` None: in order, every chunk); the order is :meth:`plan`'s."""
-        first, index = self._first_chunk(), self._index()
+        self.need_tables("the streaming loader")
+        first, index = self._first.tolist(), {u: i for i, u in enumerate(self.utts)}
         held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for block in self.plan(seed, rank, world, batch_size, block_utts, steps, claim):
             if claim is not None:  # a claimed block is read whole; what it leaves is another's
@@ -263,12 +310,29 @@ class ChunkSet:
 
     def pdf_counts(self) -> np.ndarray:
         """How often each pdf id occurs in the alignments (for the priors of decoding)."""
+        self.need_tables("the pdf counts")
         counts = np.zeros(self.num_pdfs, dtype=np.int64)
         for u in self.utts:
             counts += np.bincount(load_matrix(self.ali[u], f"{self.ali_dir}/ali.scp: utterance "
                                               f"{u}").astype(np.int64),
                                   minlength=self.num_pdfs)
         return counts
+
+
+def chunk_counts(num_frames: np.ndarray, chunk: int) -> np.ndarray:
+    """Chunks of each utterance of ``num_frames`` frames, as :func:`chunk_starts` lays them."""
+    return _full_and_count(num_frames, chunk)[1]
+
+
+def _full_and_count(n: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    full = np.where(n > c, (n - c) // c + 1, 1)  # chunks starting at multiples of c
+    return full, full + (full * c < n)           # and one ending on the last frame
+
+
+def narrowest(largest: int, small: type = np.int32) -> type:
+    """The integer dtype for values in [0, ``largest``]: ``small`` (int32, or int16 where asked)
+    when it holds them, else int64."""
+    return small if largest <= np.iinfo(small).max else np.int64
 
 
 def log_priors(counts: np.ndarray) -> np.ndarray:

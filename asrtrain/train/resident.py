@@ -161,6 +161,7 @@ class ResidentChunks:
     def __init__(self, chunks: ChunkSet, device: torch.device | str = "cpu",
                  dtype: torch.dtype | None = None, host_bytes: int | None = None,
                  announce: bool = True, store_dir: str | Path | None = None) -> None:
+        chunks.need_tables("loading the resident chunks")
         self.chunks = chunks
         self.device = torch.device(device)
         self.dtype = dtype or torch.float16
@@ -174,7 +175,6 @@ class ResidentChunks:
         self.ivector_dim = self.ivectors.dim(first_utt) if self.ivectors else 0
         self.period = self.ivectors.period if self.ivectors else 1
         self.order = int(reader.transform.delta_order)
-        length = chunks.chunk_table()[2]
         self.frames = sum(chunks.num_frames[u] for u in chunks.utts)
         self.rows = sum(self.ivectors.num_rows(chunks.num_frames[u]) for u in chunks.utts) \
             if self.ivectors else 0
@@ -183,7 +183,7 @@ class ResidentChunks:
         self.nbytes = int((self.frames + 1) * self.bytes_per_frame)
         layout = {"feats": (self.dtype, (self.frames + 1, self.raw_dim)),
                   "targets": (torch.int32, (self.frames + 1,)),
-                  "chunks": (torch.int64, (5, len(length)))}
+                  "chunks": (torch.int64, (5, len(chunks)))}
         if self.ivectors:
             layout["ivectors"] = (self.dtype, (self.rows, self.ivector_dim))
         what = str(chunks.data_dir)
@@ -197,6 +197,7 @@ class ResidentChunks:
             self._fill(arrays)
             release_freed_heap()
             where = f"{on}{' (pinned)' if self.pinned else ''}"
+            mapped_length = None
         else:
             t0 = time.perf_counter()
             arrays, self.store_path, self.store_written = open_store(
@@ -206,6 +207,7 @@ class ResidentChunks:
                 release_freed_heap()
             self.store_device, self.pinned = place(self.nbytes, self.device, what, host_bytes,
                                                    mapped=True)
+            mapped_length = arrays["chunks"][3]
             if self.store_device.type == "cuda":  # a set that fits the GPU: copied onto it
                 arrays = {k: v.to(self.store_device) for k, v in arrays.items()}
             where = (f"{self.store_device}, copied from the chunk store"
@@ -218,7 +220,10 @@ class ResidentChunks:
         self.ivector_rows = arrays.get("ivectors")
         self.first, self.utt_lo, self.utt_hi, self.length, row0 = arrays["chunks"]
         self.row0 = row0 if self.ivectors else None
-        self.host_length = torch.from_numpy(length)
+        # each chunk's frames on the host (batches' lengths): the store's own row where it is
+        # host memory (mapped: page cache shared by the machine's learners), else a copy
+        self.host_length = mapped_length if mapped_length is not None else \
+            arrays["chunks"][3].cpu()
         on = self.store_device
         self.steps_t = torch.arange(chunks.chunk, device=on)
         r = self.order * DELTA_WINDOW

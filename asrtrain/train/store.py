@@ -51,6 +51,7 @@ def chunk_set_key(chunks, dtype: torch.dtype) -> str:
     every ark they point into (a rewritten ark changes it); ``norm_vars``, the chunk length,
     the i-vector period, the storage type and :data:`STORE_VERSION`. Δ/ΔΔ are not stored, so
     the delta order is not part of it."""
+    chunks.need_tables("the chunk store's key")
     reader, data = chunks.reader, chunks.reader.data
     h = hashlib.sha256()
     head = {"version": STORE_VERSION, "dtype": str(dtype), "chunk": chunks.chunk,

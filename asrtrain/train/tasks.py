@@ -156,11 +156,12 @@ class FrameCETask(Task):
         self.input_dim, self.output_dim = self.train_set.dim, self.train_set.num_pdfs
         self.samples_per_epoch = len(self.train_set)
         self.priors = log_priors(self.train_set.pdf_counts())
+        self._input = self.train_set.reader.describe()  # read now: the tables may go (resident)
 
     def describe(self) -> str:
         return (f"frame CE over {self.output_dim} pdfs on {self.train_set.chunk}-frame chunks; "
                 f"{self.samples_per_epoch} training chunks, {len(self.dev_set)} dev; input "
-                f"{self.input_dim} dims: {self.train_set.reader.describe()}")
+                f"{self.input_dim} dims: {self._input}")
 
     def steps_per_epoch(self, world: int) -> int:
         return self.train_set.steps(self.seed + 1, world, self.batch_size)
@@ -183,11 +184,14 @@ class FrameCETask(Task):
 
     def resident(self, which: str, rank: int = 0) -> ResidentChunks:
         """The ``train`` or ``dev`` set held on this learner's device, loaded at first use (not
-        when the task is built: describing a run must not read every ark)."""
+        when the task is built: describing a run must not read every ark). Once it is in the
+        chunk store the set's per-utterance tables go (:meth:`ChunkSet.forget_tables`): what a
+        learner keeps of a set beyond the store's shared pages is then 8 bytes an utterance."""
         if which not in self._resident:
             chunks = self.train_set if which == "train" else self.dev_set
             self._resident[which] = ResidentChunks(chunks, self.device, announce=rank == 0,
                                                    store_dir=self.chunk_store)
+            chunks.forget_tables()
         return self._resident[which]
 
     @staticmethod
