@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import REPO_ROOT, AsrtrainError
+from asrtrain.sections import DatadirCorpus, corpus_settings, sets_settings
 
 CONF_DIR = REPO_ROOT / "conf"
 
@@ -152,6 +153,8 @@ def resolve_recipe_settings(cfg: DictConfig) -> None:
     if cfg.get("nj") == "auto":
         cfg.nj = default_nj()
     _normalize_sets(cfg)
+    if cfg.get("corpus") is not None:
+        corpus_settings(cfg)   # an unknown key or a wrong type: one line, before any stage
     if cfg.get("stages") == "auto" and "systems" not in cfg:
         raise AsrtrainError("stages: auto takes the stages from systems:, which this recipe "
                             "does not have; list the stages")
@@ -176,32 +179,11 @@ def hybrid_input_appends(cfg: DictConfig) -> list[str]:
 
 
 def _normalize_sets(cfg: DictConfig) -> None:
-    """``sets.train`` and ``sets.dev`` name one set each; ``sets.test`` is a list, and a single
-    name (``sets.test=eval2000``) is taken as a list of one, as the user means it."""
-    sets = cfg.get("sets")
-    if sets is None:
+    """``sets`` checked (:class:`asrtrain.sections.Sets`); a single test set name
+    (``sets.test=eval2000``) is written back as a list of one, as the user means it."""
+    if cfg.get("sets") is None:
         return
-    if not isinstance(sets, DictConfig):
-        raise AsrtrainError(f"sets={sets!r}: expected 'sets: {{train: NAME, dev: NAME, test: "
-                            "[NAME, ...]}'")
-    for key in ("train", "dev"):
-        value = sets.get(key)
-        if value is not None and not isinstance(value, (str, int)):
-            raise AsrtrainError(f"sets.{key}={_show(value)}: expected one set name "
-                                f"(e.g. sets.{key}=train_nodup)")
-    test = sets.get("test")
-    if isinstance(test, (str, int)):
-        sets.test = [str(test)]
-    elif test is not None and not isinstance(test, ListConfig):
-        raise AsrtrainError(f"sets.test={_show(test)}: expected a list of set names "
-                            "(e.g. sets.test=[eval2000] or sets.test=eval2000)")
-    elif test is not None and any(not isinstance(t, (str, int)) for t in test):
-        raise AsrtrainError(f"sets.test={_show(test)}: expected a list of set names "
-                            "(e.g. sets.test=[eval2000,rt03])")
-
-
-def _show(value) -> str:
-    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
+    cfg.sets.test = list(sets_settings(cfg).test)
 
 
 def needs_ivectors(cfg: DictConfig) -> bool:
@@ -222,10 +204,8 @@ def default_nj() -> int:
 def has_lexicon(cfg: DictConfig) -> bool:
     """Whether the corpus brings a pronunciation lexicon: the LDC and tiny corpora always do,
     your own data dirs when ``corpus.dict_dir`` or ``corpus.lexicon`` is given."""
-    corpus = cfg.get("corpus") or {}
-    if corpus.get("kind") != "datadir":
-        return True
-    return bool(corpus.get("dict_dir") or corpus.get("lexicon"))
+    corpus = corpus_settings(cfg)
+    return corpus.has_lexicon() if isinstance(corpus, DatadirCorpus) else True
 
 
 def _systems(cfg: DictConfig) -> list[str]:
@@ -381,5 +361,4 @@ class Paths:
 
 def data_sets(cfg: DictConfig) -> list[str]:
     """Every data set the recipe uses: train, dev, then the test sets."""
-    return list(dict.fromkeys([str(cfg.sets.train), str(cfg.sets.dev),
-                               *(str(s) for s in cfg.sets.test)]))
+    return sets_settings(cfg).all()

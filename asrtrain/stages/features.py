@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
+from asrtrain.sections import corpus_settings
 
 #: The suffix of the MFCC copy of a data set (``Paths.mfcc_set``).
 MFCC_SUFFIX = "_mfcc"
@@ -25,7 +26,7 @@ def feature_options(cfg: DictConfig, section: str):
     from asrtrain.features import FeatureOptions
 
     return FeatureOptions.from_config(
-        {**cfg[section], "resample": bool(cfg.corpus.get("resample", False))}, section)
+        {**cfg[section], "resample": corpus_settings(cfg).resample}, section)
 
 
 def check(cfg: DictConfig) -> None:

@@ -13,10 +13,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
+from asrtrain.sections import DatadirCorpus, corpus_settings, sets_settings
 from asrtrain.settings import choice, integer, number, opt, read
 
 log = logging.getLogger("asrtrain")
@@ -34,7 +35,7 @@ def run(ctx: StageContext) -> None:
     from asrtrain.lang.bpe import train_units
 
     cfg, paths = ctx.cfg, ctx.paths
-    train = DataDir.read(paths.data_set(cfg.sets.train))
+    train = DataDir.read(paths.data_set(sets_settings(cfg).train))
     texts = [train.text[u] for u in train.utts]
     if _is_datadir(cfg):
         _prepare_dict(cfg, train, paths.dict_dir)
@@ -74,17 +75,18 @@ def _units_kept(lang: Path, key: str, fresh: bool) -> dict[str, bytes] | None:
 
 
 def _is_datadir(cfg: DictConfig) -> bool:
-    return OmegaConf.select(cfg, "corpus.kind") == "datadir"
+    return isinstance(corpus_settings(cfg), DatadirCorpus)
 
 
-def _corpus(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg.corpus, resolve=True, throw_on_missing=False)
+def _corpus(cfg: DictConfig) -> DatadirCorpus:
+    corpus = corpus_settings(cfg)
+    assert isinstance(corpus, DatadirCorpus), "your own corpus's lexicon: kind datadir only"
+    return corpus
 
 
 def _user_text(cfg: DictConfig) -> Path:
     """The training text as the user gave it (named in the lexicon's messages)."""
-    sets = _corpus(cfg).get("sets") or {}
-    where = sets.get(str(cfg.sets.train)) if isinstance(sets, dict) else None
+    where = (_corpus(cfg).sets or {}).get(sets_settings(cfg).train)
     return Path(str(where)) / "text" if where else Path("text")
 
 
@@ -98,7 +100,7 @@ def _prepare_dict(cfg: DictConfig, train, dict_dir: Path) -> None:
     if files is not None:
         corpus = _corpus(cfg)
         log.info("lang: the lexicon is %s (%d entries) -> %s",
-                 corpus.get("lexicon") or f"the dict dir {corpus.get('dict_dir')}",
+                 corpus.lexicon or f"the dict dir {corpus.dict_dir}",
                  files["lexicon.txt"].count(b"\n"), dict_dir)
 
 
@@ -120,30 +122,20 @@ def check(cfg: DictConfig) -> None:
     read(LangConfig, cfg.get("lang"), "lang")
     if not _is_datadir(cfg):
         return
-    from asrtrain.data.corpora.datadir import (
-        OOV_CHOICES,
-        lexicon_files,
-        read_dict_dir,
-        user_dict_files,
-    )
+    from asrtrain.data.corpora.datadir import lexicon_files, read_dict_dir, user_dict_files
     from asrtrain.data.datadir import DataDir
 
-    corpus = _corpus(cfg)
-    if corpus.get("oov", "unk") not in OOV_CHOICES:
-        from asrtrain import AsrtrainError
-
-        raise AsrtrainError(f"corpus.oov={corpus.get('oov')!r}: expected unk (map to <unk>) or "
-                            "error")
-    if corpus.get("dict_dir") and not corpus.get("lexicon"):
-        read_dict_dir(Path(str(corpus["dict_dir"])))
+    corpus = _corpus(cfg)   # its keys and types checked (asrtrain.sections)
+    if corpus.dict_dir and not corpus.lexicon:
+        read_dict_dir(Path(corpus.dict_dir))
     missing = [p for p in lexicon_files(corpus) if not p.is_file()]
-    if missing and corpus.get("lexicon"):
+    if missing and corpus.lexicon:
         from asrtrain import AsrtrainError
 
-        raise AsrtrainError(f"corpus.lexicon={corpus['lexicon']}: no such file; give a lexicon "
+        raise AsrtrainError(f"corpus.lexicon={corpus.lexicon}: no such file; give a lexicon "
                             "of 'WORD PHONE ...' lines, cmudict, or corpus.dict_dir=DIR")
     text = _user_text(cfg)
-    if str(corpus.get("oov", "unk")) == "error" and text.is_file():
+    if corpus.oov == "error" and text.is_file():
         user_dict_files(corpus, DataDir.read(text.parent), text)
 
 
@@ -162,9 +154,10 @@ def warn_uncovered(ctx: StageContext) -> None:
 
     cfg, paths = ctx.cfg, ctx.paths
     units = Units(paths.lang / "units.model")
+    sets = sets_settings(cfg)
     for name in data_sets(cfg):
         where = paths.data_set(name)
-        if name not in (cfg.sets.train, cfg.sets.dev) and (where / "stm").is_file():
+        if name not in (sets.train, sets.dev) and (where / "stm").is_file():
             continue   # scored against its stm (through the GLM), not its text
         data = DataDir.read(where)
         counts, utts = uncovered_characters(units, data.text)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from asrtrain import AsrtrainError
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import Paths, data_sets
+from asrtrain.sections import DatadirCorpus, corpus_settings, sets_settings
 
 log = logging.getLogger("asrtrain")
 
@@ -28,10 +28,11 @@ def run(ctx: StageContext) -> None:
 def _prepare_corpus(cfg: DictConfig, paths: Paths) -> list[str]:
     from asrtrain.data.corpora import prepare_corpus
 
-    written = prepare_corpus(cfg.corpus, paths.data)
+    corpus = corpus_settings(cfg)
+    written = prepare_corpus(corpus, paths.data)
     missing = [s for s in data_sets(cfg) if s not in written]
     if missing:
-        raise AsrtrainError(f"corpus {cfg.corpus.kind} gave the sets {written}, but the recipe "
+        raise AsrtrainError(f"corpus {corpus.kind} gave the sets {written}, but the recipe "
                             f"needs {missing} (see sets: in the recipe)")
     return written
 
@@ -46,15 +47,16 @@ def _prepare_user_sets(cfg: DictConfig, paths: Paths) -> list[str]:
 
 
 def _is_datadir(cfg: DictConfig) -> bool:
-    return OmegaConf.select(cfg, "corpus.kind") == "datadir"
+    return isinstance(corpus_settings(cfg), DatadirCorpus)
 
 
-def _corpus(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg.corpus, resolve=True, throw_on_missing=False)
+def _corpus(cfg: DictConfig) -> DatadirCorpus:
+    return corpus_settings(cfg)
 
 
 def _set_names(cfg: DictConfig) -> tuple[str, str, list[str]]:
-    return str(cfg.sets.train), str(cfg.sets.dev), [str(t) for t in cfg.sets.test]
+    sets = sets_settings(cfg)
+    return sets.train, sets.dev, list(sets.test)
 
 
 def check(cfg: DictConfig) -> None:

