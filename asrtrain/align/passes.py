@@ -134,8 +134,10 @@ def num_states(lang: Lang) -> dict[int, int]:
 
 
 class PassJobs:
-    """A pass's jobs (:mod:`asrtrain.align.passjobs`): its utterances split by speaker into
-    ``nj`` parts once (balanced by ``utt2num_frames``), and the work dir the parent and the
+    """A pass's jobs (:mod:`asrtrain.align.passjobs`): one a block of the data dir
+    (:func:`asrtrain.data.datadir.split_data_dir`: whole speakers, balanced by
+    ``utt2num_frames``, how many not depending on ``nj``; a job's utterances are the pass's
+    utterances of its block), ``nj`` processes serving them, and the work dir the parent and the
     jobs share, ``.<pass>.*.work.tmp`` beside the output (removed at the end; a killed run's is
     removed by the pipeline with the other temporaries): the current model (``cur.mdl``),
     transforms (``trans.scp``), LDA matrix, the jobs' alignment parts and graphs.  The jobs read

@@ -1,28 +1,31 @@
-"""The jobs of a GMM pass, as Kaldi's ``JOB=1:$nj`` pipelines: each job reads its part of the
-data dir (whole speakers, :func:`asrtrain.jobs.split_by_speaker`) from disk, with the model,
-matrix and transforms the parent wrote into the pass's work dir, and returns statistics only
-(``gmm-acc-stats-ali``, ``acc-tree-stats``, ``acc-lda``, ``gmm-acc-mllt``,
-``gmm-acc-stats-twofeats``, the global moments of ``gmm-init-mono`` and the variance floor), its
-speakers' fMLLR transforms (``gmm-est-fmllr``: a job owns its speakers) and, when it aligns,
-its alignment part on disk (``ali.JOB``, as Kaldi's ``ali.JOB.gz``).  The parent sums the
-statistics in job order (``gmm-sum-accs``) and merges the parts in utterance order, so the
-results do not depend on ``nj``; it never holds the corpus's features.
+"""The jobs of a GMM pass, as Kaldi's ``JOB=1:$nj`` pipelines, one job a **block**: the data
+dir's blocks of whole speakers (:func:`asrtrain.data.datadir.split_data_dir`, Kaldi's
+``data/<set>/split<N>/<k>``, cut by a rule that does not involve ``nj``), each job reading its
+block's own data dir from disk, with the model, matrix and transforms the parent wrote into the
+pass's work dir, and returning statistics only (``gmm-acc-stats-ali``, ``acc-tree-stats``,
+``acc-lda``, ``gmm-acc-mllt``, ``gmm-acc-stats-twofeats``, the global moments of
+``gmm-init-mono`` and the variance floor), its speakers' fMLLR transforms (``gmm-est-fmllr``: a
+block holds whole speakers) and, when it aligns, its alignment part on disk (``ali.K``, as
+Kaldi's ``ali.JOB.gz``).  ``nj`` is only how many processes serve the blocks; the parent adds
+the statistics in block order (``gmm-sum-accs``, :meth:`asrtrain.align.passes.PassJobs.run`)
+and merges the parts in utterance order, so the results are the same bytes whatever ``nj``; it
+never holds the corpus's features.
 
 Jobs are module-level functions of one picklable argument run by :func:`asrtrain.jobs.run_jobs`:
-the same code in a forked pool or a fresh interpreter on a cluster.  A job streams its part:
+the same code in a forked pool or a fresh interpreter on a cluster.  A job streams its block:
 it reads, adapts, aligns and accumulates one batch of whole speakers at a time
 (:meth:`Part.batches`, about ``part_batch_frames`` frames; Kaldi's piped jobs read one utterance
-at a time, fMLLR needs a speaker's every utterance), so its memory is the model, the statistics
-and one batch, whatever the size of its part.  Statistics run through each batch in the part's
-order into one accumulator, so they are the same bits whatever the batch size.  The training
-graphs a job compiles at its first alignment of a pass stay on disk per batch for the next
-(``graphs.JOB.B.pt``, Kaldi's ``fsts.JOB.gz``; the split and the batches are fixed for the
-pass, so job ``j``'s batch ``b`` always aligns the same utterances).
+at a time, fMLLR needs a speaker's every utterance), so its memory is its block's tables, the
+model, the statistics and one batch, whatever the corpus.  Statistics run through each batch in
+the block's order into one accumulator, so they are the same bits whatever the batch size.  The
+training graphs a job compiles at its first alignment of a pass stay on disk per batch for the
+next (``graphs.K.B.pt``, Kaldi's ``fsts.JOB.gz``; the blocks and their batches are fixed, so
+block ``k``'s batch ``b`` always aligns the same utterances).
 
-Within a pass, what a job reads that does not change (the lang dir, the data dir's tables) is
-kept by the process that ran it, keyed by the pass's work dir (:func:`cached`), so the pool
-that :class:`asrtrain.jobs.JobPool` keeps for the pass reads them once per worker, not once per
-iteration.
+Within a pass, what a job reads that does not change (the lang dir, its block's tables) is kept
+by the process that ran it, keyed by the pass's work dir (:func:`cached`, one of each kind: the
+block it works on), so the pool that :class:`asrtrain.jobs.JobPool` keeps for the pass reads the
+lang once per worker, not once per block and iteration.
 """
 
 from __future__ import annotations
@@ -133,8 +136,8 @@ class Part:
         """The part's utterances (words, speaker, CMN'd MFCCs) in batches of whole speakers of
         at least ``max_frames`` frames each (the last may be less; 0: one batch), read from
         the data dir as each batch is asked for.  Speakers in the order of their first
-        utterance in ``utts``, a speaker's utterances in ``utts`` order: for a part of
-        :func:`asrtrain.jobs.split_by_speaker` (speakers contiguous) that is ``utts``'s order,
+        utterance in ``utts``, a speaker's utterances in ``utts`` order: for a block of
+        :func:`asrtrain.data.datadir.split_data_dir` (speakers contiguous) that is ``utts``'s order,
         so the batches join up to the part whatever ``max_frames``."""
         reader = cached(self.work, "mfcc", self.data_dir, mfcc_reader)
         utt2spk = reader.data.utt2spk
