@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from asrtrain import AsrtrainError
+from asrtrain.sections import sets_settings
 from asrtrain.settings import check, choice, integer, opt, read
 
 if TYPE_CHECKING:
@@ -251,7 +252,7 @@ def tuning_set(cfg: DictConfig) -> str | None:
         raise AsrtrainError(f"score.tune_on={value!r}: expected one of {', '.join(TUNE_ON)}")
     on_dev = value == "dev" or (value == "auto"
                                 and OmegaConf.select(cfg, "corpus.kind") == "datadir")
-    return str(cfg.sets.dev) if on_dev else None
+    return sets_settings(cfg).dev if on_dev else None
 
 
 def tuning_config(cfg: DictConfig) -> dict[str, str]:

@@ -11,6 +11,7 @@ import logging
 from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.sections import sets_settings
 
 log = logging.getLogger("asrtrain")
 
@@ -25,7 +26,7 @@ def run(ctx: StageContext) -> None:
         cfg.decode, "decode"), paths.exp / "decode" / system)
     log.info("decode %s: the model decoded is the %s (decode.checkpoint=%s)", system,
              chosen["description"], chosen["checkpoint"])
-    for name in cfg.sets.test:
+    for name in sets_settings(cfg).test:
         decode_data_dir(model, paths.lang / "units.model", paths.data_set(name),
                         paths.decode_dir(system, name),
                         batch_frames=int(cfg.decode.batch_frames), checkpoint=chosen)

@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from asrtrain.pipeline import Stage, StageContext, select
+from asrtrain.sections import sets_settings
 from asrtrain.stages.train_hybrid import hybrid_config
 
 log = logging.getLogger("asrtrain")
@@ -41,10 +42,10 @@ def run(ctx: StageContext) -> None:
         best = _decode_set(ctx, hcfg, graph, dev, options, None, model)
         options = {**options, "lmwt": best["lmwt"], "wip": best["wip"]}
         log.info("decode_hybrid: LM weight %d, insertion penalty %.1f chosen on %s (held out) "
-                 "for %s", best["lmwt"], best["wip"], dev, ", ".join(cfg.sets.test))
+                 "for %s", best["lmwt"], best["wip"], dev, ", ".join(sets_settings(cfg).test))
     else:
         dev = None
-    for name in cfg.sets.test:
+    for name in sets_settings(cfg).test:
         _decode_set(ctx, hcfg, graph, str(name), options, dev, model)
     write_results(paths.exp)
 

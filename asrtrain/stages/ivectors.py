@@ -36,6 +36,7 @@ from asrtrain.fileio import write_text
 from asrtrain.jobs import JobConfig, job_log_dir, set_threads
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
+from asrtrain.sections import sets_settings
 from asrtrain.settings import choice, integer, number, opt, read
 
 log = logging.getLogger("asrtrain")
@@ -168,7 +169,7 @@ def _train_and_extract(ctx: StageContext, jobs: JobConfig) -> None:
     ext_dir = paths.ivector_extractor
     info_path = ext_dir / "info.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    train = iv.SetFrames(paths.data_set(str(cfg.sets.train)), cmvn, norm_vars)
+    train = iv.SetFrames(paths.data_set(sets_settings(cfg).train), cmvn, norm_vars)
 
     ubm_key = ctx.step_key("ubm", opts["ubm"], sub, cmvn)
 

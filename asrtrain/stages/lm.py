@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.sections import sets_settings
 from asrtrain.settings import integer, number, opt, read
 
 
@@ -28,7 +29,7 @@ def run(ctx: StageContext) -> None:
     from asrtrain.lang.ngram import train_lm
 
     cfg, paths = ctx.cfg, ctx.paths
-    train = DataDir.read(paths.data_set(cfg.sets.train))
+    train = DataDir.read(paths.data_set(sets_settings(cfg).train))
     train_lm([train.text[u] for u in train.utts], paths.lang, paths.lm, order=int(cfg.lm.order),
              prune_threshold=float(cfg.lm.prune_threshold))
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.sections import sets_settings
 from asrtrain.settings import choice, opt, read
 
 log = logging.getLogger("asrtrain")
@@ -20,7 +21,7 @@ def run(ctx: StageContext) -> None:
 
     cfg, paths = ctx.cfg, ctx.paths
     system = str(cfg.model.name)
-    for name in cfg.sets.test:
+    for name in sets_settings(cfg).test:
         data, dec = paths.data_set(name), paths.decode_dir(system, name)
         log.info("score %s %s: %s", system, name, describe_scoring(data))
         counts = score_decode(data, dec, kaldi_filter=bool(cfg.score.kaldi_filter),
