@@ -249,6 +249,8 @@ def tiny_tri1(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           cwd=REPO, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # beside the exp dir, not in it (copies leave it behind): what the GMM passes printed
+    (exp.parent / "run.stderr").write_text(proc.stderr)
     return exp
 
 
@@ -272,7 +274,8 @@ def tiny_trained(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     """Every stage of the tiny recipe, small (TRAINED_SETS), run once a session through the
     CLI on a copy of ``tiny_tri1``, whose data stages and GMM passes it reuses: both models
     trained, decoded and scored. ``{"exp": the exp dir, "args": the run's arguments after
-    ``run``, less ``exp_dir``, "stderr": its output}``. Read-only: a test that runs anything in
+    ``run``, less ``exp_dir``, "stderr": its output, "gmm_stderr": tiny_tri1's run's, the data
+    stages' and GMM passes'}``. Read-only: a test that runs anything in
     it works on a copy (``copy_exp``), and passes the same ``args`` to find nothing to do."""
     import subprocess
 
@@ -284,7 +287,8 @@ def tiny_trained(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> d
                            f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"exp": exp, "args": args, "stderr": proc.stderr}
+    return {"exp": exp, "args": args, "stderr": proc.stderr,
+            "gmm_stderr": (tiny_tri1.parent / "run.stderr").read_text()}
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import copy_exp
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
 
 from asrtrain import AsrtrainError
@@ -53,10 +54,17 @@ def stored_wer(decode_dir: Path) -> dict[str, tuple[str, int, int, int, int]]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    exp = tmp_path_factory.mktemp("report") / "exp"
+def tiny(tiny_trained: dict, tmp_path_factory) -> dict:
+    """conftest's trained tiny experiment (a copy) with the GMM passes decoded (ALIGN): the
+    first run here decodes them (and decode_hybrid, which reads decode_gmm, again) and prints
+    every system's figures; ``gmm`` is what the session's
+    run of the passes printed (conftest's tiny_tri1)."""
+    exp = copy_exp(tiny_trained["exp"], tmp_path_factory.mktemp("report") / "exp")
     args = ["recipes/tiny", f"exp_dir={exp}", *SMALL, *ALIGN, *HYBRID_SMALL]
-    return {"exp": exp, "args": args, "first": asrtrain("run", *args)}
+    first = asrtrain("run", *args)
+    assert re.findall(r"stage (\w+) +starts", first.stderr) == ["decode_gmm", "decode_hybrid"], \
+        first.stderr[-3000:]
+    return {"exp": exp, "args": args, "first": first, "gmm": tiny_trained["gmm_stderr"]}
 
 
 def test_results_table_rows_for_a_real_tiny_run(tiny: dict) -> None:
@@ -108,8 +116,8 @@ def test_run_ends_with_the_summary_and_gmm_details_stay_in_the_stage_log(tiny: d
         wer = stored_wer(exp / "decode" / system / "eval2000")
         printed = re.findall(rf"^eval2000 (\w+): WER (\d+\.\d+)% .* {system}$", out.stdout, re.M)
         assert sorted(printed) == sorted((k, v[0]) for k, v in wer.items())
-        assert re.search(rf"align {system}: \d+ pdfs, \d+ Gaussians", out.stderr)
-    assert '{"iter"' not in out.stderr + out.stdout
+        assert re.search(rf"align {system}: \d+ pdfs, \d+ Gaussians", tiny["gmm"])
+    assert '{"iter"' not in out.stderr + out.stdout + tiny["gmm"]
     assert '{"iter"' in (exp / "log" / "align.log").read_text()
     assert "Hub5 rules: ctm against" in out.stderr
 
