@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from conftest import copy_exp
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
 
 MODELS = {"ctc": "blstm_tiny", "hybrid": "hybrid_tiny"}
@@ -58,10 +59,15 @@ def edits(ref: dict[str, list[str]], hyp: dict[str, list[str]], chars: bool = Fa
 
 
 @pytest.fixture(scope="module")
-def exp(tmp_path_factory) -> Path:
-    """Both systems of the tiny recipe, trained and decoded with small settings (about 1 min)."""
-    exp = tmp_path_factory.mktemp("transcribe") / "exp"
-    asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *CTC_SMALL, *ALIGN_SMALL, *HYBRID_SMALL)
+def exp(tiny_trained: dict, tmp_path_factory) -> Path:
+    """Both systems of the tiny recipe, trained and decoded with small settings: a copy of
+    conftest's tiny_trained with the CTC model trained for CTC_SMALL's 15 epochs (only the CTC
+    stages run again)."""
+    exp = copy_exp(tiny_trained["exp"], tmp_path_factory.mktemp("transcribe") / "exp")
+    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *CTC_SMALL, *ALIGN_SMALL,
+                   *HYBRID_SMALL)
+    assert re.findall(r"stage (\w+) +starts", out.stderr) == ["train", "decode", "score"], \
+        out.stderr[-3000:]
     return exp
 
 
