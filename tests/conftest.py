@@ -333,3 +333,36 @@ def hybrid_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_graph(root / "lang", root / "lm", root / "ali" / "eval2000", root / "graph")
     return {"root": root, "test": test, "gmm_data": gmm_data, "ali": root / "ali" / "eval2000",
             "graph": root / "graph"}
+
+
+@pytest.fixture(scope="session")
+def user_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train (10 speakers of the tiny train_nodup and one 0.12 s utterance), dev (the tiny
+    train_dev), test (4 other speakers, scored by plain WER), and lex.txt: the tiny dict's
+    lexicon as plain 'WORD PHONE ...' lines, without its silence entries and without REMOVED:
+    your own data dirs for recipes/datadir (test_datadir_recipe and test_content_digest, which
+    imported the module's fixture), built once a session; read-only."""
+    import re
+
+    from test_datadir_recipe import REMOVED, SHORT_UTT
+
+    from asrtrain.data.corpora import prepare_corpus
+    from asrtrain.data.datadir import DataDir, Segment
+
+    root = tmp_path_factory.mktemp("mine")
+    prepare_corpus({"kind": "tiny", "root": str(REPO / "data" / "tiny"), "dev_utts": 40,
+                    "max_dup": 4, "expected_test_sides": 12}, root / "tiny")
+    nodup = DataDir.read(root / "tiny" / "train_nodup")
+    speakers = list(nodup.spk2utt)
+    train = nodup.subset([u for s in speakers[:10] for u in nodup.spk2utt[s]])
+    train.text[SHORT_UTT] = "i used to go camping when i was a kid"
+    train.utt2spk[SHORT_UTT] = "sw02006-A"
+    train.segments[SHORT_UTT] = Segment("sw02006-A", 0.0, 0.12)
+    train.write(root / "train")
+    nodup.subset([u for s in speakers[-4:] for u in nodup.spk2utt[s]]).write(root / "test")
+    DataDir.read(root / "tiny" / "train_dev").write(root / "dev")
+    lexicon = (root / "tiny" / "local" / "dict" / "lexicon.txt").read_text().splitlines()
+    (root / "lex.txt").write_text("".join(
+        f"{line}\n" for line in lexicon
+        if line.split()[0] not in REMOVED and not re.match(r"^(!sil|<unk>|\[)", line)))
+    return root

@@ -12,11 +12,17 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_datadir_recipe import corpus, ok, run_cli, sets  # noqa: F401  (corpus: a fixture)
+from test_datadir_recipe import ok, run_cli, sets
 from test_e2e import SMALL
 
 SMALL_AUTO_NJ = [o for o in SMALL if not o.startswith("nj=")]
 CTC = ["prepare", "lang", "features", "train", "decode", "score"]
+
+
+@pytest.fixture(scope="module")
+def corpus(user_corpus: Path) -> Path:
+    """conftest's user_corpus (read-only), under this module's name for it."""
+    return user_corpus
 
 
 def plan(*args: str) -> tuple[list[str], str]:
@@ -32,7 +38,7 @@ def _sums(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ctc_only(corpus: Path, tmp_path_factory) -> tuple[list[str], Path, Path]:  # noqa: F811
+def ctc_only(corpus: Path, tmp_path_factory) -> tuple[list[str], Path, Path]:
     """A finished CTC-only run (no lexicon) on a copy of the user's data dirs; returns its
     command-line settings, the exp dir and the copy."""
     root = tmp_path_factory.mktemp("content")

@@ -16,7 +16,6 @@ from omegaconf import OmegaConf
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL
 
 from asrtrain import AsrtrainError
-from asrtrain.data.corpora import prepare_corpus
 from asrtrain.data.corpora.datadir import (
     UserCorpus,
     prepare_user_corpus,
@@ -24,7 +23,7 @@ from asrtrain.data.corpora.datadir import (
     user_dict_files,
     write_dict_dir,
 )
-from asrtrain.data.datadir import DataDir, Segment
+from asrtrain.data.datadir import DataDir
 from asrtrain.lang.lexicon import Lang, cmudict_lexicon, make_dict_dir, prepare_lang, read_lexicon
 from asrtrain.recipe import MAX_AUTO_NJ, STAGE_ORDER, SYSTEM_STAGES, compose_recipe
 from asrtrain.stages import STAGES
@@ -60,27 +59,9 @@ def one_error_line(proc: subprocess.CompletedProcess, alone: bool = True) -> str
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """train (10 speakers of the tiny train_nodup and one 0.12 s utterance), dev (the tiny
-    train_dev), test (4 other speakers, scored by plain WER), and lex.txt: the tiny dict's
-    lexicon as plain 'WORD PHONE ...' lines, without its silence entries and without REMOVED."""
-    root = tmp_path_factory.mktemp("mine")
-    prepare_corpus({"kind": "tiny", "root": str(REPO / "data" / "tiny"), "dev_utts": 40,
-                    "max_dup": 4, "expected_test_sides": 12}, root / "tiny")
-    nodup = DataDir.read(root / "tiny" / "train_nodup")
-    speakers = list(nodup.spk2utt)
-    train = nodup.subset([u for s in speakers[:10] for u in nodup.spk2utt[s]])
-    train.text[SHORT_UTT] = "i used to go camping when i was a kid"
-    train.utt2spk[SHORT_UTT] = "sw02006-A"
-    train.segments[SHORT_UTT] = Segment("sw02006-A", 0.0, 0.12)
-    train.write(root / "train")
-    nodup.subset([u for s in speakers[-4:] for u in nodup.spk2utt[s]]).write(root / "test")
-    DataDir.read(root / "tiny" / "train_dev").write(root / "dev")
-    lexicon = (root / "tiny" / "local" / "dict" / "lexicon.txt").read_text().splitlines()
-    (root / "lex.txt").write_text("".join(
-        f"{line}\n" for line in lexicon
-        if line.split()[0] not in REMOVED and not re.match(r"^(!sil|<unk>|\[)", line)))
-    return root
+def corpus(user_corpus: Path) -> Path:
+    """conftest's user_corpus (read-only), under this module's name for it."""
+    return user_corpus
 
 
 def sets(corpus: Path, *names: str) -> str:
