@@ -30,6 +30,9 @@ def test_chunk_table_lays_chunks_out_as_chunk_starts(tmp_path: Path, chunk: int)
             for s in chunk_starts(cs.num_frames[u], chunk)]
     assert list(zip(utt.tolist(), start.tolist(), length.tolist(), strict=True)) == want
     assert len(cs) == len(want)
+    parts = [cs.chunk_rows(lo, min(lo + 3, len(lengths))) for lo in range(0, len(lengths), 3)]
+    for whole, part in zip((utt, start, length), zip(*parts, strict=True), strict=True):
+        assert np.array_equal(whole, np.concatenate(part))
 
 
 def _tagged(tmp_path: Path, lengths: list[int]) -> tuple[Path, Path]:

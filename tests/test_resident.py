@@ -266,6 +266,9 @@ def test_loading_in_blocks_gives_the_same_store(chunk_data, monkeypatch) -> None
     cs = ChunkSet(*chunk_data, chunk=21, norm_vars=True)
     whole = ResidentChunks(cs, "cpu", torch.float32)
     monkeypatch.setattr(resident, "LOAD_FRAMES", 50)
+    monkeypatch.setattr(resident, "TABLE_UTTS", 2)  # the chunk table two utterances at a time
     blocks = ResidentChunks(cs, "cpu", torch.float32)
     assert torch.equal(blocks.feats, whole.feats) and torch.equal(blocks.targets, whole.targets)
+    for name in ("first", "utt_lo", "utt_hi", "length"):
+        assert torch.equal(getattr(blocks, name), getattr(whole, name)), name
     assert whole.feats.shape == (sum(LENGTHS) + 1, 6) and (whole.feats[-1] == 0).all()

@@ -206,16 +206,23 @@ class ChunkSet:
         hold the set: the utterance number int32 below 2^31 utterances, the start int32 below
         2^31 frames an utterance, the frames int16 for chunks below 2^15 frames); the store
         keeps what batches need of it (:mod:`asrtrain.train.resident`)."""
+        return self.chunk_rows(0, self.num_utts)
+
+    def chunk_rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of :meth:`chunk_table` of utterances ``lo`` to ``hi`` (numbers in
+        ``self.utts`` order), chunks ``_first[lo]`` to ``_first[hi]``: a writer of the store
+        makes the table a slice at a time."""
         self.need_tables("the chunk table")
         c = self.chunk
-        n = np.fromiter((self.num_frames[u] for u in self.utts), dtype=np.int64,
-                        count=self.num_utts)
+        n = np.fromiter((self.num_frames[u] for u in self.utts[lo: hi]), dtype=np.int64,
+                        count=hi - lo)
         full, count = _full_and_count(n, c)
-        utt = np.repeat(np.arange(len(n), dtype=narrowest(len(n))), count)
-        k = np.arange(len(utt), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-        start = np.where(k < full[utt], k * c, n[utt] - c)
+        local = np.repeat(np.arange(len(n)), count)
+        k = np.arange(len(local), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        start = np.where(k < full[local], k * c, n[local] - c)
         del k
-        length = np.minimum(c, n[utt] - start).astype(narrowest(c, np.int16))
+        length = np.minimum(c, n[local] - start).astype(narrowest(c, np.int16))
+        utt = (local + lo).astype(narrowest(self.num_utts))
         return utt, start.astype(narrowest(int(n.max(initial=0)))), length
 
     def plan(self, seed: int | None, rank: int, world: int, batch_size: int,

@@ -62,6 +62,9 @@ HOST_SHARE = 0.7
 #: grew with the set up to 2.9 h of speech (bench/scale.py's train_hybrid at 1 and 4 h).
 LOAD_FRAMES = 1 << 18
 DELTA_WINDOW = 2  # Kaldi add-deltas' default
+#: Utterances whose rows of the chunk table a store's writer makes at a time (~20 chunks each,
+#: ~100 bytes a chunk while it is made: ~0.2 GB whatever the size of the set).
+TABLE_UTTS = 1 << 17
 
 
 def learner_data_device(cpu: bool) -> torch.device:
@@ -244,14 +247,20 @@ class ResidentChunks:
         feats, targets, ivecs = arrays["feats"], arrays["targets"], arrays.get("ivectors")
         n, on = self.frames, feats.device
         cs = self.chunks
-        utt, start, length = cs.chunk_table()
-        lengths = [cs.num_frames[u] for u in cs.utts]
-        frame0 = np.cumsum([0] + lengths)
-        row0 = np.cumsum([0] + [self.ivectors.num_rows(k) for k in lengths]) \
+        lengths = np.fromiter((cs.num_frames[u] for u in cs.utts), dtype=np.int64,
+                              count=cs.num_utts)
+        frame0 = np.concatenate([[0], np.cumsum(lengths)])
+        row0 = np.concatenate([[0], np.cumsum([self.ivectors.num_rows(int(k))
+                                               for k in lengths])]).astype(np.int64) \
             if self.ivectors else np.zeros(len(lengths) + 1, dtype=np.int64)
-        table = np.stack([frame0[utt] + start, frame0[utt], frame0[utt + 1], length, row0[utt]])
-        arrays["chunks"].copy_(torch.from_numpy(table.astype(np.int64, copy=False)))
-        del table
+        del lengths
+        for lo in range(0, cs.num_utts, TABLE_UTTS):  # the chunk table a slice at a time
+            hi = min(lo + TABLE_UTTS, cs.num_utts)
+            utt, start, length = cs.chunk_rows(lo, hi)
+            table = np.stack([frame0[utt] + start, frame0[utt], frame0[utt + 1], length,
+                              row0[utt]])
+            arrays["chunks"][:, cs._first[lo]: cs._first[hi]].copy_(torch.from_numpy(table))
+        utt = start = length = table = None
         feats[n] = 0
         targets[n] = IGNORE
         shift, scale, speaker = self._cmvn()

@@ -23,7 +23,7 @@ from asrtrain.recipe import Paths
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
 from asrtrain.train.config import TrainerConfig
 from asrtrain.train.data import UtteranceSet, iterate, shard
-from asrtrain.train.resident import ResidentChunks, learner_data_device
+from asrtrain.train.resident import ResidentChunks, learner_data_device, release_freed_heap
 
 
 class Task:
@@ -192,6 +192,7 @@ class FrameCETask(Task):
             self._resident[which] = ResidentChunks(chunks, self.device, announce=rank == 0,
                                                    store_dir=self.chunk_store)
             chunks.forget_tables()
+            release_freed_heap()  # the tables' pages back to the kernel, not kept for reuse
         return self._resident[which]
 
     @staticmethod
