@@ -17,6 +17,7 @@ import pytest
 import science  # bench/science.py
 import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
+from conftest import copy_exp
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed import allreduce, gossip, topology
@@ -312,11 +313,12 @@ def make_exp(out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def exp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+def exp(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """A tiny experiment with features and small GMM alignments, and the overrides that name
-    it, made here (never borrowed from elsewhere on the machine: its digests would depend on
-    where and with what code it was made)."""
-    out = tmp_path_factory.mktemp("sim") / "exp"
+    it: a copy of conftest's tiny_tri1 (made in this session by this code, never borrowed from
+    elsewhere on the machine: its digests would depend on where and with what code it was
+    made), the same passes as bench/science.py's, so make_exp's runs find them done."""
+    out = copy_exp(tiny_tri1, tmp_path_factory.mktemp("sim") / "exp")
     return out, make_exp(out)
 
 
