@@ -70,6 +70,35 @@ def test_batches_are_whole_speakers_in_the_parts_order(corpus, tmp_path) -> None
         assert len(list(part.batches(lang, 1))) == len({data.utt2spk[u] for u in utts})
 
 
+def test_a_job_reads_its_blocks_tables_only(corpus, tmp_path) -> None:
+    """A pass's jobs are the data dir's blocks (``split<N>/<k>``, whatever nj), each reading
+    its own block's data dir; a worker that serves several blocks keeps the tables of the
+    block it works on, not of each block it served."""
+    from asrtrain.align.config import GmmConfig
+    from asrtrain.align.passes import PassJobs
+    from asrtrain.align.passjobs import _CACHE
+    from asrtrain.jobs import JobConfig
+
+    data = DataDir.read(corpus["train"])
+    lang = Lang.read(corpus["lang"])
+    parts = {}
+    for nj in (1, 3):
+        with PassJobs(corpus["train"], corpus["lang"], tmp_path / f"nj{nj}", data.utts, data,
+                      JobConfig(nj=nj), GmmConfig(), "test") as pj:
+            parts[nj] = [(p.index, p.data_dir, p.utts) for p in pj.parts]
+            if nj == 3:
+                for p in pj.parts:
+                    block = DataDir.read(p.data_dir)
+                    assert Path(p.data_dir).parent.name.startswith("split")
+                    assert sorted(block.utt2spk) == sorted(p.utts)
+                    assert set(block.feats) == set(p.utts)   # its feature index only
+                    assert [u.utt for b in p.batches(lang, 0) for u in b] == p.utts
+                    readers = [k for k in _CACHE if k[0] == str(pj.work) and k[1] == "mfcc"]
+                    assert readers == [(str(pj.work), "mfcc", p.data_dir)]
+    assert parts[1] == parts[3] and len(parts[1]) == len(data.spk2utt)   # 4 speakers: 4 blocks
+    assert sorted(u for _, _, us in parts[1] for u in us) == data.utts
+
+
 @pytest.mark.parametrize("kind", ["tri2", "tri3", "tri4"])
 def test_a_speaker_per_batch_gives_the_same_bytes(corpus, tri1, tri3, tmp_path, kind) -> None:
     """Tree, LDA, MLLT, fMLLR, GMM and final.alimdl statistics and the realignments, streamed

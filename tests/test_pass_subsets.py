@@ -192,14 +192,16 @@ def test_the_last_pass_trains_on_all_of_the_training_set(tmp_path: Path) -> None
 
 
 def test_the_number_of_blocks_does_not_involve_nj() -> None:
-    """``num_split_blocks``: ~10 h of speech a block, 8 at least, 256 at most, one a speaker at
-    most (the tiny recipe's training set: 79k frames of 20 speakers; SWB-2000: ~720M)."""
+    """``num_split_blocks``: ~2.8 h of speech a block, 8 at least, 128 at most, one a speaker
+    at most (the tiny recipe's training set: 79k frames of 20 speakers; SWB-300's train_nodup
+    ~103M frames; SWB-2000 ~720M)."""
     from asrtrain.data.datadir import num_split_blocks
 
     assert num_split_blocks(79_263, 20) == 8
     assert num_split_blocks(79_263, 5) == 5
-    assert num_split_blocks(720_000_000, 20_000) == 200
-    assert num_split_blocks(10 ** 10, 10 ** 5) == 256
+    assert num_split_blocks(102_960_000, 520) == 103
+    assert num_split_blocks(720_000_000, 20_000) == 128
+    assert num_split_blocks(10 ** 10, 10 ** 5) == 128
     assert num_split_blocks(0, 0) == 1
 
 

@@ -547,13 +547,13 @@ def _shuffled_speakers(data: DataDir, n: int) -> list[str]:
 
 #: The rule that cuts a data dir into blocks of whole speakers (:func:`split_blocks`); it does
 #: not involve ``nj``, so neither do the statistics summed block by block.  A block is about
-#: ``SPLIT_BLOCK_FRAMES`` frames (10 h of speech), at least ``SPLIT_MIN_BLOCKS`` of them (work
-#: for a few jobs on a small set) and at most ``SPLIT_MAX_BLOCKS`` (each block's statistics
-#: travel to the stage's process: SWB-2000's ~720M frames make 200 blocks), never more than
-#: the speakers.
-SPLIT_BLOCK_FRAMES = 3_600_000
+#: ``SPLIT_BLOCK_FRAMES`` frames (2.8 h of speech: SWB-300's 286 h make 103 blocks, work for a
+#: 64-core node), at least ``SPLIT_MIN_BLOCKS`` of them (work for a few jobs on a small set)
+#: and at most ``SPLIT_MAX_BLOCKS`` (each block's statistics travel to the stage's process:
+#: SWB-2000's ~720M frames make 128 blocks of 5.6M frames), never more than the speakers.
+SPLIT_BLOCK_FRAMES = 1_000_000
 SPLIT_MIN_BLOCKS = 8
-SPLIT_MAX_BLOCKS = 256
+SPLIT_MAX_BLOCKS = 128
 #: The tables a block's dir gets (those a job reads), and what its key is made from.
 _SPLIT_TABLES = ("utt2spk", "text", "feats.scp", "cmvn.scp", "utt2num_frames", "segments",
                  "wav.scp")
