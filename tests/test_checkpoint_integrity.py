@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import copy_exp
 from test_e2e import REPO, SMALL, asrtrain
 from test_train_single import build_exp, make_cfg
 
@@ -198,9 +199,10 @@ def test_resume_skips_a_damaged_epoch_and_gives_the_same_model(exp: Path, tmp_pa
 # -- the recipe, through the real CLI ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def recipe(tmp_path_factory) -> list[str]:
-    """The tiny recipe's settings (2 epochs) on an exp dir trained up to the CTC model."""
-    exp = tmp_path_factory.mktemp("integrity") / "exp"
+def recipe(tiny_tri1: Path, tmp_path_factory) -> list[str]:
+    """The tiny recipe's settings (2 epochs) on an exp dir trained up to the CTC model: a copy
+    of conftest's tiny_tri1 (its data stages; its GMM passes unused here)."""
+    exp = copy_exp(tiny_tri1, tmp_path_factory.mktemp("integrity") / "exp")
     args = ["recipes/tiny", f"exp_dir={exp}", *SMALL, "trainer.epochs=2"]
     asrtrain("run", *args, "--to", "train")
     return args

@@ -16,6 +16,7 @@ import kaldiio
 import numpy as np
 import pytest
 import torch
+from conftest import copy_exp
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
 from test_resident import make_set, write_streams
 
@@ -240,8 +241,10 @@ def write_tiny_streams(exp: Path, period: int = 10) -> None:
 
 
 @pytest.fixture(scope="module")
-def aligned(tmp_path_factory) -> Path:
-    exp = tmp_path_factory.mktemp("compose") / "exp"
+def aligned(tiny_trained: dict, tmp_path_factory) -> Path:
+    """The tiny recipe up to decode_gmm with the small tri1 passes: a copy of conftest's
+    tiny_trained (whose data stages, passes and decode_gmm these settings share)."""
+    exp = copy_exp(tiny_trained["exp"], tmp_path_factory.mktemp("compose") / "exp")
     asrtrain("run", "recipes/tiny", f"exp_dir={exp}", "--to", "decode_gmm", HYBRID_STAGES, *SMALL,
              *ALIGN)
     return exp
