@@ -6,13 +6,14 @@ stages that read it, and prepare's data dirs and the CTC units stay byte-identic
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from test_datadir_recipe import ok, run_cli, sets
+from test_datadir_recipe import RECIPE, REPO, ok, run_cli, sets
 from test_e2e import SMALL
 
 SMALL_AUTO_NJ = [o for o in SMALL if not o.startswith("nj=")]
@@ -26,8 +27,16 @@ def corpus(user_corpus: Path) -> Path:
 
 
 def plan(*args: str) -> tuple[list[str], str]:
-    """The stages ``--dry-run`` says would run, and its listing."""
-    out = ok(run_cli(*args, "--dry-run")).stdout
+    """The stages ``--dry-run`` says would run, and its listing: the run command in this
+    process (click's runner, in the repository as run_cli), a process's start-up saved."""
+    from click.testing import CliRunner
+
+    from asrtrain.cli import run as run_command
+
+    with contextlib.chdir(REPO):
+        result = CliRunner().invoke(run_command, [str(RECIPE), *args, "--dry-run"])
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
+    out = result.stdout
     lines = [ln.split(None, 2) for ln in out.splitlines() if ln.strip()]
     return [name for name, what, *_ in lines if what == "runs:"], out
 
