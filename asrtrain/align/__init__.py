@@ -22,9 +22,10 @@ the passes share :mod:`asrtrain.align.passes`;
 :func:`asrtrain.align.frames.estimate_transforms` estimates transforms from an alignment.
 Alignment scores only the pdfs of each utterance's training graph and compiles each graph once per
 pass; every statistics pass of a training pass (alignment, GMM, tree, LDA, MLLT, fMLLR,
-``final.alimdl``) runs in ``nj`` jobs that read their own speakers' data from disk and return
-statistics (:mod:`asrtrain.align.passjobs`, :func:`asrtrain.jobs.run_jobs`), the same results
-whatever ``nj``;
+``final.alimdl``) runs in jobs, one a block of whole speakers of the data dir (``split<N>/<k>``,
+cut without ``nj``: ``nj`` processes serve them), that read their block from disk and return
+statistics, summed in block order (:mod:`asrtrain.align.passjobs`,
+:func:`asrtrain.jobs.run_jobs`): the same bytes whatever ``nj``;
 :func:`asrtrain.align.bench.time_align_iteration` times one iteration at Switchboard model sizes.
 """
 
