@@ -178,19 +178,22 @@ class ChunkSet:
         utterance numbers, 4 bytes each where they fit int32 (< 2^31 utterances), not a list
         of Python objects; the whole set's permutation is made (this learner's shard depends on
         all of it) and dropped once the shard is taken, which is copied out of it."""
+        return self._order(seed)[rank::world].copy()
+
+    def _order(self, seed: int | None) -> np.ndarray:
+        """The epoch's order of the utterance numbers (1.6 s for SWB-2000's 1.7M)."""
         n = self.num_utts
         wide = n >= 1 << 31
         order = array("q" if wide else "i", range(n))
         if seed is not None:
             random.Random(seed).shuffle(order)
-        out = np.frombuffer(order, dtype=np.int64 if wide else np.int32)[rank::world].copy()
-        del order
-        return out
+        return np.frombuffer(order, dtype=np.int64 if wide else np.int32)
 
     def steps(self, seed: int | None, world: int, batch_size: int) -> int:
-        """Steps every learner runs this epoch: the smallest shard's full batches."""
-        per_utt = np.diff(self._first)
-        counts = [int(per_utt[self.shard_ids(seed, r, world)].sum()) for r in range(world)]
+        """Steps every learner runs this epoch: the smallest shard's full batches (every
+        shard from one shuffle of the set, not one shuffle a shard)."""
+        per_utt = np.diff(self._first)[self._order(seed)]
+        counts = [int(per_utt[r::world].sum()) for r in range(world)]
         steps = min(counts) // batch_size
         if steps == 0:
             raise AsrtrainError(f"{self.data_dir}: a learner's share has {min(counts)} chunks, "
