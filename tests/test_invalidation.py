@@ -5,6 +5,7 @@ inner steps, a run killed inside align resumes at the pass it was in."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -177,7 +178,8 @@ def plan(args: list[str], *extra: str) -> list[str]:
 
     from asrtrain.cli import run as run_command
 
-    result = CliRunner().invoke(run_command, [*args, *extra, "--dry-run"])
+    with contextlib.chdir(REPO):   # the recipe path is the repository's, as the CLI runs
+        result = CliRunner().invoke(run_command, [*args, *extra, "--dry-run"])
     assert result.exit_code == 0, (result.output[-3000:], result.exception)
     lines = [ln.split(None, 2) for ln in result.stdout.splitlines() if ln.strip()]
     assert [ln[0] for ln in lines] == ALL

@@ -7,6 +7,7 @@ online i-vectors appended)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -88,7 +89,8 @@ def still_done(exp: Path, stage: str) -> None:
 
     from asrtrain.cli import run as run_command
 
-    plan = CliRunner().invoke(run_command, [*recipe_args(exp), "--to", stage, "--dry-run"])
+    with contextlib.chdir(REPO):   # the recipe path is the repository's, as the CLI runs
+        plan = CliRunner().invoke(run_command, [*recipe_args(exp), "--to", stage, "--dry-run"])
     assert plan.exit_code == 0, (plan.output[-3000:], plan.exception)
     assert re.search(rf"^{stage}\s+done \(digest", plan.stdout, re.M), plan.stdout
 
