@@ -118,11 +118,12 @@ class ChunkSet:
         """Drop the per-utterance tables (the data dir's, ``ali.scp``'s, the appended streams'
         ``.scp``, the utterance names and frame counts) once the chunks are resident in a chunk
         store: a learner then keeps, per utterance, only its first chunk's number (8 bytes),
-        which is all :meth:`plan` and :meth:`steps` read. At 1-2 KiB an utterance as Python
-        objects these tables were a learner's private memory that grew with the corpus (several
-        GB a learner at SWB-2000's utterance count). Reading the arks (:meth:`batches`,
-        :meth:`cut`), :meth:`chunk_table`, :meth:`pdf_counts` and a store's key need them:
-        afterwards they are one error."""
+        which is all :meth:`plan` and :meth:`steps` read. At ~2 KiB an utterance as Python
+        objects these tables were a learner's private memory that grew with the corpus (~3 GB a
+        learner at SWB-2000's 1.7M utterances); freed, part of their pages stay with the
+        allocator (bench/store.py: 0.62 MiB an hour is left of 1.45). Reading the arks
+        (:meth:`batches`, :meth:`cut`), :meth:`chunk_table`, :meth:`pdf_counts` and a store's
+        key need them: afterwards they are one error."""
         tables = [v for v in vars(self.reader.data).values() if isinstance(v, dict)]
         tables += [self.ali, self.num_frames, self.reader.transform.cmvn]
         tables += [stream.table for stream in self.reader.streams]
