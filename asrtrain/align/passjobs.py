@@ -31,6 +31,7 @@ lang once per worker, not once per block and iteration.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -104,9 +105,34 @@ def cached(work: str, kind: str, path: str, make: Callable[[str], object]) -> ob
 
 
 def forget(work: str | Path) -> None:
-    """Drop what :func:`cached` keeps for the pass of ``work`` (at its end)."""
+    """Drop what :func:`cached` and :func:`read_model` keep for the pass of ``work`` (at its
+    end)."""
     for key in [k for k in _CACHE if k[0] == str(work)]:
         del _CACHE[key]
+    for key in [k for k in _MODELS if k[0].startswith(str(work) + "/")]:
+        del _MODELS[key]
+
+
+_MODELS: dict[tuple[str, int, int, int], AcousticModel] = {}
+
+
+def read_model(path: str | Path) -> AcousticModel:
+    """``AcousticModel.read(path)``, kept by this process while the file is the same one (its
+    inode, size and modification time: the parent replaces ``cur.mdl`` each iteration), so a
+    worker that serves several blocks of an iteration reads the model once (a read is ~35 ms of
+    unpickling even for the tiny recipe's model); the last 4 models are kept.  The jobs only
+    read a model, never change it."""
+    st = os.stat(path)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    model = _MODELS.get(key)
+    if model is None:
+        model = AcousticModel.read(path)
+        for k in [k for k in _MODELS if k[0] == key[0]]:
+            del _MODELS[k]
+        while len(_MODELS) >= 4:
+            del _MODELS[next(iter(_MODELS))]
+        _MODELS[key] = model
+    return model
 
 
 @dataclass
@@ -180,7 +206,7 @@ class Features:
     def applier(self) -> Callable[[list[Utterance]], None]:
         """:meth:`apply` with the model, matrix and transforms read once (for every batch)."""
         if self.model is not None:
-            pipeline = AcousticModel.read(self.model)
+            pipeline = read_model(self.model)
             make = lambda x: model_features(pipeline, x)   # noqa: E731
         elif self.matrix is not None:
             mat = np.load(self.matrix)
@@ -324,7 +350,7 @@ def setup_job(a: SetupJob) -> SetupResult:
     pdf_ali = (AlignmentTable(a.pdf_ali, a.part.utts)
                if (a.lda is not None or a.fmllr_model is not None) else None)
     silence = silence_phone_mask(lang) if a.lda is not None else None
-    model = AcousticModel.read(a.fmllr_model) if a.fmllr_model is not None else None
+    model = read_model(a.fmllr_model) if a.fmllr_model is not None else None
     sil_pdfs = silence_pdfs(model.tree, lang) if model is not None else None
     if a.moments:
         out.moments = Moments()
@@ -452,7 +478,7 @@ def iter_job(a: IterJob) -> IterResult:
     if len(streams) > 1:
         raise AsrtrainError(f"iter_job: {streams} in one job (at most one statistics stream)")
     device = torch.device(c.get("device", "cpu"))
-    model = AcousticModel.read(a.model)
+    model = read_model(a.model)
     lang = a.part.lang()
     trans = read_transforms(a.trans) if a.trans else None
     prev = AlignmentTable(a.ali, a.part.utts) if a.align == "read" else None
@@ -626,7 +652,7 @@ class AlignFmllrResult:
 def align_fmllr_job(a: AlignFmllrJob) -> AlignFmllrResult:
 
     c = a.cfg
-    model, alimdl = AcousticModel.read(a.model), AcousticModel.read(a.alimdl)
+    model, alimdl = read_model(a.model), read_model(a.alimdl)
     lang = a.part.lang()
     sil_pdfs = silence_pdfs(model.tree, lang)
     first, second, transforms, reports = IterResult(), IterResult(), {}, []
