@@ -293,7 +293,9 @@ def test_force_reruns_the_stage_and_its_inner_steps_a_kill_resumes_at_its_pass_r
     assert [s for s in ALL if f"stage {s:<13} starts" in forced] == ["align"], forced[-3000:]
     assert "done already" not in forced, forced[-3000:]
     assert (exp / "align" / "mono" / "final.mdl").stat().st_mtime_ns != before
-    assert not (exp / "align" / "tri1" / ".done").is_file()
+    # tri1's marker may still be the killed run's predecessor's (a pass's marker goes when the
+    # pass starts, and the kill may land just before): its key is of the old generation, so the
+    # resume below must train tri1 again ("align tri1: done already" not said)
     assert not (exp / ".done" / "align").is_file()
     out = asrtrain("run", *done, "--to", "align")
     assert ran(out) == ["align"]
