@@ -339,8 +339,14 @@ def linear(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def size_of(stage: str, size: dict) -> float:
-    """The amount a stage's cost grows with: test hours for decode_hybrid, else training."""
-    return size["test_hours" if stage == "decode_hybrid" else "hours"]
+    """The amount a stage's cost grows with: test hours for the stages that work on the test
+    sets (decode_hybrid; decode_gmm, which makes the test sets' fMLLR features and decodes
+    them), else training hours."""
+    return size["test_hours" if stage in TEST_STAGES else "hours"]
+
+
+#: Stages whose work grows with the test sets (projected at EVAL2000_HOURS).
+TEST_STAGES = ("decode_gmm", "decode_hybrid")
 
 
 def growth(sizes: list[dict], stages: list[str] = STAGES) -> dict:
@@ -351,7 +357,7 @@ def growth(sizes: list[dict], stages: list[str] = STAGES) -> dict:
     for stage in stages:
         xs = [size_of(stage, s) for s in sizes]
         ms = [s["stages"][stage] for s in sizes]
-        fit: dict = {"size": "test hours" if stage == "decode_hybrid" else "training hours",
+        fit: dict = {"size": "test hours" if stage in TEST_STAGES else "training hours",
                      "cpu_exponent": exponent(xs, [m["cpu_s"] for m in ms]),
                      "rss_exponent": exponent(xs, [m["peak_rss_mb"] for m in ms])}
         for part in ("self_cpu_s", "children_cpu_s", "peak_rss_mb", "self_rss_mb",
@@ -360,8 +366,38 @@ def growth(sizes: list[dict], stages: list[str] = STAGES) -> dict:
                 continue   # sizes measured before it was recorded (--reuse)
             fixed, per_hour = linear(xs, [m[part] for m in ms])
             fit[part] = {"fixed": fixed, "per_hour": per_hour}
+        if stage in BLOCK_STAGES:   # its jobs hold one block: their memory follows its size
+            blocks = [block_hours(h) for h in xs]
+            fixed, per_hour = linear(blocks, [m["children_rss_mb"] for m in ms])
+            fit["children_rss_mb_by_block"] = {"fixed": fixed, "per_block_hour": per_hour,
+                                               "block_hours": blocks}
         out[stage] = fit
     return out
+
+
+#: Stages whose jobs work on one block of the data dir's split at a time (asrtrain.data.datadir
+#: split_data_dir: blocks of whole speakers cut by a rule without nj).
+BLOCK_STAGES = ("align",)
+
+
+def block_hours(hours: float) -> float:
+    """Hours of speech in one block of a training set of ``hours`` (the split rule of
+    :func:`asrtrain.data.datadir.num_split_blocks`, speakers not limiting)."""
+    from asrtrain.data.datadir import num_split_blocks
+
+    frames = hours * 3600 / FRAME_S
+    return hours / num_split_blocks(int(frames), 10 ** 9)
+
+
+def peak_mb(f: dict, hours: float) -> float:
+    """The largest process's peak at ``hours``: for a stage whose jobs hold one block, the
+    larger of its own process (fitted by hours) and a job (fitted by block hours); else the
+    fit of the largest process by hours."""
+    by_block = f.get("children_rss_mb_by_block")
+    if by_block is None:
+        return at(f["peak_rss_mb"], hours)
+    job = max(by_block["fixed"] + by_block["per_block_hour"] * block_hours(hours), 0.0)
+    return max(at(f["self_rss_mb"], hours), job)
 
 
 def at(part: dict, hours: float) -> float:
@@ -460,12 +496,13 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
     for name, hours in TARGET_HOURS.items():
         stage_hours, peak_gb, anon_gb, basis = {}, {}, {}, {}
         for stage in STAGES:
-            amount = EVAL2000_HOURS if stage == "decode_hybrid" else hours
+            amount = EVAL2000_HOURS if stage in TEST_STAGES else hours
             f = fit[stage]
             stage_hours[stage] = stage_seconds(f, amount, ref["cores"], jobs) / 3600
-            peak_gb[stage] = round(at(f["peak_rss_mb"], amount) / 1024, 2)
-            if "peak_anon_mb" in f:
-                anon_gb[stage] = round(at(f["peak_anon_mb"], amount) / 1024, 2)
+            peak_gb[stage] = round(peak_mb(f, amount) / 1024, 2)
+            if "peak_anon_mb" in f:   # private pages are part of the RSS: never above it
+                anon_gb[stage] = min(round(at(f["peak_anon_mb"], amount) / 1024, 2),
+                                     peak_gb[stage])
             share = parallel_share(f)
             basis[stage] = (f"fitted: {share:.2f} of the growing CPU time in jobs "
                             f"(/ min({ref['cores']}, {jobs})), the rest in one process")
@@ -543,7 +580,7 @@ def plot(result: dict, path: Path) -> None:
     for stage in STAGES:
         xs = [size_of(stage, s) for s in result["sizes"]]
         ax1.loglog(xs, result["stages"][stage]["cpu_s"], "o-", label=stage)
-    ax1.set_xlabel("hours of speech (decode_hybrid: test hours)")
+    ax1.set_xlabel("hours of speech (decode_gmm, decode_hybrid: test hours)")
     ax1.set_ylabel("CPU seconds (stage process + jobs)")
     ax1.set_title("measured: cost of each stage against corpus size")
     ax1.legend(fontsize=7)
