@@ -20,7 +20,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -188,6 +188,15 @@ class JobPool:
         self.close(cancel=exc[0] is not None)
 
 
+def iter_cluster_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig,
+                      desc: str) -> Iterator[_R]:
+    """``cmd: slurm``'s :func:`run_jobs` one result at a time, in order, each as soon as it and
+    those before it are done (a large result that comes early waits on disk)."""
+    from asrtrain.slurm import iter_slurm_jobs
+
+    return iter_slurm_jobs(_Job(fn, jobs.threads), args, jobs, desc)
+
+
 def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: str,
              *, in_process: bool = False, pool: JobPool | None = None) -> list[_R]:
     """``[fn(a) for a in args]``, each call a job, at most ``jobs.nj`` at once, on this machine
@@ -200,9 +209,7 @@ def run_jobs(fn: Callable[[_A], _R], args: Sequence[_A], jobs: JobConfig, desc: 
     if not args:
         return []
     if jobs.cmd == "slurm":
-        from asrtrain.slurm import run_slurm_jobs
-
-        return run_slurm_jobs(_Job(fn, jobs.threads), args, jobs, desc)
+        return list(iter_cluster_jobs(fn, args, jobs, desc))
     if in_process or len(args) == 1 or jobs.nj == 1:
         return [fn(a) for a in Bar(args, desc=desc, unit="job", file=sys.stderr,
                                    hidden=len(args) == 1, leave=False)]

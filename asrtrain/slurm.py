@@ -5,7 +5,9 @@ Each job is the same picklable callable :func:`asrtrain.jobs.run_jobs` runs loca
 submitting interpreter (``sys.executable``, so the same virtual environment) on a node, with the
 submitting environment (``sbatch``'s default ``--export=ALL``).  submitit keeps its pickles and
 the jobs' logs in ``slurm.folder`` or ``exp/log/slurm/<desc>/``.  The parent polls the queue
-every ``slurm.poll_s`` seconds: results come back in the order of the arguments; the first job
+every ``slurm.poll_s`` seconds: results come back in the order of the arguments, each as soon as
+it and those before it are done (:func:`iter_slurm_jobs`; a large result that comes early waits in
+its pickle, so the caller holds one at a time); the first job
 that fails cancels the others and raises an error with its SLURM id, its logs and the end of its
 traceback; Ctrl-C cancels them all (``scancel``).  A job's state comes from submitit's watcher
 (``sacct``) and from ``squeue``, so clusters without accounting work too.  When every unfinished
@@ -23,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,11 +88,20 @@ def run_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConfi
                    desc: str) -> list:
     """``[fn(a) for a in args]`` as one SLURM job array, at most ``jobs.nj`` running at once;
     results in the order of ``args``.  See the module docstring."""
+    return list(iter_slurm_jobs(fn, args, jobs, desc))
+
+
+def iter_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConfig,
+                    desc: str) -> Iterator:
+    """:func:`run_slurm_jobs`'s results one at a time, in the order of ``args``, each as soon as
+    it and those before it are done; a result that comes early stays on disk (its pickle) until
+    its turn, so the caller holds one result at a time however many jobs finish ahead of it
+    (the align stage's per-block statistics: :class:`asrtrain.align.passes.PassJobs`)."""
     if shutil.which("sbatch") is None:
         raise AsrtrainError("cmd=slurm but sbatch is not on PATH: install SLURM or use cmd=local")
     args = list(args)
     if not args:
-        return []
+        return
     executor = make_executor(jobs, desc, len(args))
     try:
         submitted = executor.map_array(fn, args)
@@ -100,40 +111,63 @@ def run_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConfi
     log.info("%s: %d jobs submitted to SLURM as array %s (at most %d at once; logs in %s)",
              desc, len(args), submitted[0].job_id.split("_")[0], min(jobs.nj, len(args)),
              job_folder(jobs, desc))
+    finished = False
     try:
         timeout = jobs.slurm.pending_timeout_s
-        return _collect(submitted, desc, float(jobs.slurm.poll_s),
-                        None if timeout is None else float(timeout))
-    except BaseException:
-        _cancel(submitted)
-        raise
+        yield from _collect(submitted, desc, float(jobs.slurm.poll_s),
+                            None if timeout is None else float(timeout))
+        finished = True
+    finally:
+        if not finished:   # an error, Ctrl-C, or the caller stopped reading: none left running
+            _cancel(submitted)
+
+
+#: A finished job's result pickle up to this size is read as soon as it is there, ahead of its
+#: turn (a failure is a short traceback: the run stops at once); a larger one waits on disk.
+PEEK_BYTES = 1 << 20
 
 
 def _collect(submitted: list, desc: str, poll_s: float,
-             pending_timeout_s: float | None = None) -> list:
-    """Wait for every job, a progress bar over the finished ones; the results in order.  An
-    error when all the unfinished jobs stay PENDING for ``pending_timeout_s`` (None: no limit)."""
+             pending_timeout_s: float | None = None) -> Iterator:
+    """Wait for the jobs, a progress bar over the finished ones; yield the results in order,
+    each once it and those before it are done.  A result that finishes ahead of its turn is
+    read then only when its pickle is small (:data:`PEEK_BYTES`: a failure stops the run at
+    once); a large one is read at its turn, so at most one large result is in memory.  An error
+    when all the unfinished jobs stay PENDING for ``pending_timeout_s`` (None: no limit)."""
     from submitit.core.utils import pickle_load
 
     n = len(submitted)
-    out: list[Any] = [None] * n
+    early: dict[int, Any] = {}      # small results read ahead of their turn
+    done: set[int] = set()          # finished (a result pickle), not yet given out
+    nxt = 0
     pending = set(range(n))
     gone_since: dict[int, float] = {}
     stalled_since, warned = time.time(), False
+
+    def value(i: int) -> Any:
+        outcome, v = _load(pickle_load, submitted[i].paths.result_pickle)
+        if outcome != "success":
+            raise AsrtrainError(_failure(desc, i, n, submitted[i], "failed", str(v)))
+        return v
+
     with tqdm(total=n, desc=desc, unit="job", file=sys.stderr, disable=None, leave=False) as bar:
-        while pending:
+        while nxt < n:
             before = len(pending)
             for i in sorted(pending):
-                job = submitted[i]
-                if job.paths.result_pickle.exists():
-                    outcome, value = _load(pickle_load, job.paths.result_pickle)
-                    if outcome != "success":
-                        raise AsrtrainError(_failure(desc, i, n, job, "failed", str(value)))
-                    out[i] = value
+                path = submitted[i].paths.result_pickle
+                if path.exists():
+                    if i != nxt and path.stat().st_size <= PEEK_BYTES:
+                        early[i] = value(i)
                     pending.discard(i)
+                    done.add(i)
                     bar.update()
+            while nxt in done:
+                done.discard(nxt)
+                result = early.pop(nxt) if nxt in early else value(nxt)
+                nxt += 1
+                yield result
             if not pending:
-                break
+                continue
             states = _queue_states(submitted[0].job_id.split("_")[0])
             now = time.time()
             if len(pending) < before or any(
@@ -164,7 +198,6 @@ def _collect(submitted: list, desc: str, poll_s: float,
                         f"{state}: killed, out of memory or time, or the node failed)",
                         _tail(submitted[i].paths.stderr)))
             time.sleep(poll_s)
-    return out
 
 
 def _load(pickle_load: Callable, path: Path) -> tuple[str, Any]:

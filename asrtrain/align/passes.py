@@ -54,7 +54,7 @@ from asrtrain.align.passjobs import (
 from asrtrain.align.tree import build_tree, cluster_phones
 from asrtrain.data.datadir import DataDir, read_table, split_data_dir
 from asrtrain.fileio import atomic_dir, write_text
-from asrtrain.jobs import JobConfig, JobPool, run_jobs
+from asrtrain.jobs import JobConfig, JobPool, iter_cluster_jobs, run_jobs
 from asrtrain.lang.lexicon import Lang
 from asrtrain.progress import Bar
 
@@ -203,7 +203,11 @@ class PassJobs:
     def _results(self, fn: Callable, args: list, desc: str, here: bool) -> Iterator:
         """The jobs' results in block order, each as soon as it and those before it are done;
         local jobs are given to the pool at most ``2 * nj`` ahead of the first not yet taken
-        (the results that wait are bounded).  SLURM's array returns all at the end."""
+        (the results that wait are bounded); a SLURM array's results that come early wait in
+        their pickles on disk (:func:`asrtrain.jobs.iter_cluster_jobs`)."""
+        if self.jobs.cmd == "slurm":
+            yield from iter_cluster_jobs(fn, args, self.jobs, desc)
+            return
         if self.jobs.cmd != "local":
             yield from run_jobs(fn, args, self.jobs, desc, in_process=self.in_process,
                                 pool=self.pool)
