@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from asrtrain import AsrtrainError
-from asrtrain.align.config import TRI_DEFAULTS, GmmConfig
+from asrtrain.align.config import TRI_DEFAULTS, AlignConfig, GmmConfig, align_settings
 from asrtrain.decode import CtcDecodeConfig, GmmDecodeConfig, HybridDecodeConfig
 from asrtrain.features.extract import FeatureOptions, FeaturesConfig, MfccConfig
 from asrtrain.settings import defaults, read
@@ -29,22 +29,26 @@ def _yaml(path: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(REPO / "conf" / path), resolve=False)
 
 
-@pytest.mark.parametrize(("group", "cls", "not_listed"), [
+@pytest.mark.parametrize(("group", "cls", "not_listed", "not_defaults"), [
     # resample comes from corpus.resample, num_ceps is MFCC's, append the hybrid's 260 dims
-    ("features/fbank40.yaml", FeaturesConfig, {"resample", "num_ceps", "append"}),
-    ("mfcc/kaldi13.yaml", MfccConfig, {"resample"}),
-    ("ivector/default.yaml", IvectorConfig, set()),
-    ("lm/tg.yaml", LmConfig, set()),
-    ("lang/bpe500.yaml", LangConfig, set()),
-    ("score/hub5.yaml", ScoreConfig, set()),
-    ("decode/ctc_greedy.yaml", CtcDecodeConfig, set()),
+    ("features/fbank40.yaml", FeaturesConfig, {"resample", "num_ceps", "append"}, set()),
+    ("mfcc/kaldi13.yaml", MfccConfig, {"resample"}, set()),
+    ("ivector/default.yaml", IvectorConfig, set(), set()),
+    ("lm/tg.yaml", LmConfig, set(), set()),
+    ("lang/bpe500.yaml", LangConfig, set(), set()),
+    ("score/hub5.yaml", ScoreConfig, set(), set()),
+    ("decode/ctc_greedy.yaml", CtcDecodeConfig, set(), set()),
+    # every key listed; passes is the recipe's own (mono..tri4 at the tiny corpus's size), no
+    # default: the dataclass has none (each pass's defaults are GmmConfig's, checked below)
+    ("align/tiny.yaml", AlignConfig, set(), {"passes"}),
 ])
-def test_yaml_defaults_are_the_dataclass_defaults(group: str, cls: type,
-                                                  not_listed: set[str]) -> None:
+def test_yaml_defaults_are_the_dataclass_defaults(group: str, cls: type, not_listed: set[str],
+                                                  not_defaults: set[str]) -> None:
     yaml = _yaml(group)
     fields = {f.name for f in dataclasses.fields(cls)}
     assert set(yaml) == fields - not_listed, (sorted(set(yaml) - fields),
                                               sorted(fields - set(yaml)))
+    yaml = {k: v for k, v in yaml.items() if k not in not_defaults}
     assert read(cls, yaml, group) == cls()
     assert {k: defaults(cls)[k] for k in yaml} == yaml   # nested sections key for key
 
@@ -55,7 +59,9 @@ def test_every_conf_group_and_recipe_section_reads() -> None:
         section = {k: v for k, v in _yaml(f"features/{path.name}").items() if k != "defaults"}
         FeatureOptions.from_config(section, "features")
     for path in sorted((REPO / "conf" / "align").glob("*.yaml")):
-        for name, opts in (_yaml(f"align/{path.name}").get("passes") or {}).items():
+        align = align_settings({"align": _yaml(f"align/{path.name}")})
+        assert (align.source, align.last, align.last_is_sat()) == ("train", "tri4", True)
+        for name, opts in align.passes.items():
             gmm = {k: v for k, v in opts.items() if k not in ("from", "data")}
             GmmConfig.from_config(gmm, f"align.passes.{name}",
                                   **(TRI_DEFAULTS if opts.get("from") else {}))
@@ -105,6 +111,27 @@ def test_defaults_fill_the_rest_and_values_are_typed() -> None:
      "align.passes.tri4.type='fmllr': expected one of deltas, lda_mllt, sat"),
     (lambda: GmmConfig.from_config({"splice_opts": 3}, "align.passes.tri3"),
      "align.passes.tri3.splice_opts: unknown setting; known: acoustic_scale,"),
+    (lambda: align_settings({"align": {"bogus": 1}}),
+     "align.bogus: unknown setting; known: decode, kaldi_dir, kaldi_fmllr, num_pdfs, passes, "
+     "source$"),
+    (lambda: align_settings({"align": {"source": "kaldy"}}),
+     "align.source='kaldy': expected one of train, kaldi"),
+    (lambda: align_settings({"align": {"num_pdfs": 0}}),
+     "align.num_pdfs=0: expected an integer >= 1"),
+    (lambda: align_settings({"align": {"decode": "yes"}}),
+     "align.decode='yes': expected true or false"),
+    (lambda: align_settings({"align": {"passes": [{"mono": {}}]}}),
+     r"align.passes=\[\{'mono': \{\}\}\]: expected a mapping of pass name -> options"),
+    (lambda: align_settings({"align": {"passes": {"mono": {"from": None, "cels": 5}}}}),
+     "align.passes.mono.cels: unknown setting; known: acoustic_scale,"),
+    (lambda: align_settings({"align": {"passes": {"mono": {"from": None},
+                                                  "tri1": {"from": "tri2"}}}}),
+     "align.passes.tri1.from='tri2': the first pass starts from nothing"),
+    (lambda: align_settings({"align": {"passes": {"mono": {"from": None},
+                                                  "tri1": {"from": "mono", "type": "sat"}}}}),
+     "align.passes.tri1.type=sat: its from pass 'mono' is of type 'deltas'"),
+    (lambda: align_settings({"align": {"passes": {"mono": {"from": None, "data": [{"x": 1}]}}}}),
+     "align.passes.mono.data: unknown subset rule 'x'"),
     (lambda: read(IvectorConfig, {"online": {"period": 0}}, "ivector"),
      "ivector.online.period=0: expected an integer >= 1"),
     (lambda: read(IvectorConfig, {"ubm": {"num_gaus": 8}}, "ivector"),
@@ -136,7 +163,8 @@ def test_bad_settings_are_one_line_naming_the_key(read_it, message: str) -> None
 def test_an_unknown_key_on_the_command_line_is_one_line(tmp_path: Path) -> None:
     """Through the CLI, before anything runs: Hydra's refusal of a new key and the stage's
     check of an added one say the same line."""
-    for override in ("features.bogus=1", "+features.bogus=1", "+mfcc.bogus=1"):
+    for override in ("features.bogus=1", "+features.bogus=1", "+mfcc.bogus=1",
+                     "+align.bogus=1"):
         proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
                                f"exp_dir={tmp_path / 'exp'}", override, "--dry-run"],
                               cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -145,5 +173,5 @@ def test_an_unknown_key_on_the_command_line_is_one_line(tmp_path: Path) -> None:
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(
             f"asrtrain: error: {section}.bogus: unknown setting; known: "), proc.stderr
-        assert "delta_order" in lines[0] or section == "mfcc"
+        assert "delta_order" in lines[0] or section != "features"
     assert not (tmp_path / "exp").exists()

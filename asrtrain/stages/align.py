@@ -27,9 +27,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from asrtrain import AsrtrainError
+from asrtrain.align.config import PASS_KEYS, align_settings, pass_type
 from asrtrain.fileio import write_text
 from asrtrain.pipeline import Stage, StageContext, select
 from asrtrain.recipe import Paths
@@ -42,10 +43,11 @@ log = logging.getLogger("asrtrain")
 
 def final_alignments(cfg: DictConfig, paths: Paths) -> dict[str, str]:
     """The alignment dirs the hybrid model trains on: ``train`` and ``dev``."""
-    if cfg.align.source == "kaldi":
+    align = align_settings(cfg)
+    if align.source == "kaldi":
         return {"train": str(paths.align_pass("kaldi").resolve()),
                 "dev": str(paths.align_pass("kaldi").resolve())}
-    last = list(cfg.align.passes)[-1]
+    last = align.last
     return {"train": str(paths.align_pass(last).resolve()),
             "dev": str(paths.align_pass(f"{last}_ali_{cfg.sets.dev}").resolve())}
 
@@ -64,21 +66,9 @@ def step(ctx: StageContext, marker: Path, key: str, what: str, work,
     write_text(marker, key + "\n")
 
 
-#: ``align.passes.NAME.type``: the Kaldi script each pass type follows (the first pass, from
-#: nothing, is a monophone pass whatever its type).
-PASS_TYPES = {"deltas": "train_deltas.sh", "lda_mllt": "train_lda_mllt.sh",
-              "sat": "train_sat.sh"}
-
-
-def pass_type(opts: DictConfig | dict) -> str:
-    """A pass's ``type`` (``deltas`` when not given)."""
-    return opts.get("type") or "deltas"
-
-
 def last_pass_is_sat(cfg: DictConfig) -> bool:
     """Whether the recipe trains its own passes and the last one is SAT (fMLLR)."""
-    return (cfg.align.source == "train" and bool(cfg.align.passes)
-            and pass_type(list(cfg.align.passes.values())[-1]) == "sat")
+    return align_settings(cfg).last_is_sat()
 
 
 def pass_data(cfg: DictConfig, paths: Paths, name: str) -> Path:
@@ -86,13 +76,9 @@ def pass_data(cfg: DictConfig, paths: Paths, name: str) -> Path:
     ``data`` rules (Kaldi's train_30kshort, train_100k_nodup: see conf/align/swb.yaml)."""
     from asrtrain.data.datadir import check_subset_rules, subset_slug
 
-    rules = check_subset_rules(_plain(cfg.align.passes[name].get("data")),
+    rules = check_subset_rules(align_settings(cfg).passes[name].get("data"),
                                f"align.passes.{name}.data")
     return paths.mfcc_subset(str(cfg.sets.train), subset_slug(rules))
-
-
-def _plain(value: object) -> object:
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _write_pass_data(ctx: StageContext, name: str, out: Path) -> None:
@@ -101,7 +87,7 @@ def _write_pass_data(ctx: StageContext, name: str, out: Path) -> None:
     from asrtrain.data.datadir import DataDir, check_subset_rules, subset_data_dir
 
     cfg, paths = ctx.cfg, ctx.paths
-    rules = check_subset_rules(_plain(cfg.align.passes[name].get("data")),
+    rules = check_subset_rules(align_settings(cfg).passes[name].get("data"),
                                f"align.passes.{name}.data")
     full = DataDir.read(paths.mfcc_set(str(cfg.sets.train)))
     subset = subset_data_dir(full, rules)
@@ -115,7 +101,7 @@ def pass_alignments(cfg: DictConfig, paths: Paths, name: str) -> Path | None:
     train on the same data, else that pass's model's alignment of this pass's data (Kaldi's
     ``align_si.sh data/train_100k_nodup ... exp/mono exp/mono_ali`` before tri1); None for the
     first pass."""
-    src = cfg.align.passes[name].get("from")
+    src = align_settings(cfg).passes[name].get("from")
     if src is None:
         return None
     data = pass_data(cfg, paths, name)
@@ -132,16 +118,15 @@ def _jobs(ctx: StageContext) -> JobConfig:
     return JobConfig.from_config(ctx.cfg, log_dir=job_log_dir(ctx.paths.exp))
 
 
-def _train_pass(ctx: StageContext, name: str, opts: DictConfig) -> None:
+def _train_pass(ctx: StageContext, name: str, opts: dict) -> None:
     from asrtrain import align
 
     cfg, paths = ctx.cfg, ctx.paths
     out = paths.align_pass(name)
-    gmm = {k: v for k, v in OmegaConf.to_container(opts, resolve=True).items()
-           if k not in ("from", "data")}
+    gmm = {k: v for k, v in opts.items() if k not in PASS_KEYS}
     gmm.setdefault("nj", int(cfg.get("nj", 1)))   # same alignments whatever nj: not in the key
     data = pass_data(cfg, paths, name)
-    if opts["from"] is None:
+    if opts.get("from") is None:
         summary = align.train_mono(data, paths.lang, out, gmm, jobs=_jobs(ctx))
     else:
         train = {"deltas": align.train_tri, "lda_mllt": align.train_lda_mllt,
@@ -166,19 +151,19 @@ def _align_with(ctx: StageContext, model: str, data: Path, out: Path, where: dic
     from asrtrain.align import align_data, align_fmllr
 
     cfg, paths = ctx.cfg, ctx.paths
-    aligner = align_fmllr if pass_type(cfg.align.passes[model]) == "sat" else align_data
+    aligner = align_fmllr if pass_type(align_settings(cfg).passes[model]) == "sat" \
+        else align_data
     aligner(data, paths.lang, paths.align_pass(model), out, where, jobs=_jobs(ctx))
 
 
 def run(ctx: StageContext) -> None:
     from asrtrain.align import import_kaldi_alignment
 
-    cfg, paths = ctx.cfg, ctx.paths
-    if cfg.align.source == "kaldi":
-        if not cfg.align.kaldi_dir:
+    paths, align = ctx.paths, align_settings(ctx.cfg)
+    if align.source == "kaldi":
+        if not align.kaldi_dir:
             raise AsrtrainError("align.source=kaldi needs align.kaldi_dir (an ali-to-pdf dir)")
-        import_kaldi_alignment(Path(cfg.align.kaldi_dir), paths.align_pass("kaldi"),
-                               cfg.align.num_pdfs)
+        import_kaldi_alignment(Path(align.kaldi_dir), paths.align_pass("kaldi"), align.num_pdfs)
     else:
         _run_passes(ctx)  # its per-iteration details go to the stage log only (STAGE_LOG_ONLY)
 
@@ -187,7 +172,7 @@ def pass_chain(cfg: DictConfig) -> list[tuple[str, list]]:
     """Each pass's name with the chain of passes up to it (``[name, options]`` each, its own
     last): what its inner step is keyed by (``StageContext.step_key("pass", chain)``), so a
     change to a pass redoes it and the passes after it, and keeps those before."""
-    passes = OmegaConf.to_container(cfg.align.passes, resolve=True)
+    passes = align_settings(cfg).passes
     chain: list = []
     out = []
     for name, opts in passes.items():
@@ -198,10 +183,10 @@ def pass_chain(cfg: DictConfig) -> list[tuple[str, list]]:
 
 def _run_passes(ctx: StageContext) -> None:
     cfg, paths = ctx.cfg, ctx.paths
-    passes = OmegaConf.to_container(cfg.align.passes, resolve=True)
+    passes = align_settings(cfg).passes
     before: list = []
     for name, chain in pass_chain(cfg):
-        opts = cfg.align.passes[name]
+        opts = passes[name]
         data = pass_data(cfg, paths, name)
         if data != paths.mfcc_set(str(cfg.sets.train)):
             step(ctx, data / ".done", ctx.step_key("subset", passes[name].get("data")),
@@ -232,8 +217,9 @@ def kaldi_files(cfg: DictConfig) -> list[Path]:
     reruns the stage (``align.kaldi_fmllr``'s matrices are the ``fmllr`` and ``decode_gmm``
     stages' inputs: :func:`kaldi_fmllr_files`)."""
     out: list[Path] = []
-    if cfg.align.get("source") == "kaldi" and cfg.align.get("kaldi_dir"):
-        where = Path(str(cfg.align.kaldi_dir))
+    align = align_settings(cfg)
+    if align.source == "kaldi" and align.kaldi_dir:
+        where = Path(align.kaldi_dir)
         out += [where / "num_pdfs", *sorted(where.glob("*.scp")), *sorted(where.glob("*.ark"))]
     return out
 
@@ -242,7 +228,7 @@ def kaldi_fmllr_files(cfg: DictConfig) -> list[Path]:
     """``align.kaldi_fmllr``'s files, which the fMLLR feature dirs read (by content: an edited
     one rewrites them)."""
     out: list[Path] = []
-    kaldi = cfg.align.get("kaldi_fmllr")
+    kaldi = align_settings(cfg).kaldi_fmllr
     if kaldi:
         out += [Path(str(p)) for p in (kaldi.get("final_mat"), kaldi.get("splice_opts")) if p]
         for where in (kaldi.get("trans") or {}).values():
@@ -255,12 +241,12 @@ def fmllr_sets(cfg: DictConfig) -> list[str]:
     when the last pass is SAT or ``align.kaldi_fmllr`` is given; none otherwise. The ``fmllr``
     stage writes train's and dev's, ``decode_gmm`` the test sets' (their transforms come from
     decoding, as Kaldi's nnet decoding takes them from decode_fmllr.sh's dir)."""
-    if not (last_pass_is_sat(cfg) or cfg.align.get("kaldi_fmllr")):
+    if not (last_pass_is_sat(cfg) or align_settings(cfg).kaldi_fmllr):
         return []
     return [str(cfg.sets.train), str(cfg.sets.dev), *(str(t) for t in cfg.sets.test)]
 
 
-def fmllr_options(opts: DictConfig) -> dict:
+def fmllr_options(opts: dict) -> dict:
     """The pass's options that say how its test-time transforms are estimated (Kaldi's
     decode_fmllr.sh reads them from the same config as train_sat.sh)."""
     from asrtrain.decode.fmllr import FMLLR_KEYS
@@ -269,43 +255,13 @@ def fmllr_options(opts: DictConfig) -> dict:
 
 
 def check(cfg: DictConfig) -> None:
-    if cfg.align.source not in ("train", "kaldi"):
-        raise AsrtrainError(f"align.source={cfg.align.source!r}: expected train or kaldi")
-    if cfg.align.source == "train":
-        _check_passes(cfg)
-
-
-def _check_passes(cfg: DictConfig) -> None:
-    """Every pass after the first starts from an earlier one; its type is known; a SAT pass
-    starts from an LDA+MLLT or SAT pass (train_sat.sh needs the ``final.mat`` it adapts)."""
-    from asrtrain.align.config import GmmConfig
-    from asrtrain.data.datadir import check_subset_rules
-
-    if not cfg.align.passes:
+    """The ``align`` section (:func:`asrtrain.align.config.align_settings`: unknown keys, types,
+    the passes' order) and what the stage needs of it: a pass to train, or Kaldi's dir."""
+    align = align_settings(cfg)
+    if align.source == "kaldi" and not align.kaldi_dir:
+        raise AsrtrainError("align.source=kaldi needs align.kaldi_dir (an ali-to-pdf dir)")
+    if align.source == "train" and not align.passes:
         raise AsrtrainError("align.passes is empty: give at least a mono pass")
-    names = list(cfg.align.passes)
-    for i, (name, opts) in enumerate(cfg.align.passes.items()):
-        src = opts.get("from")
-        if (src is None) != (i == 0) or (src is not None and src not in names[:i]):
-            raise AsrtrainError(f"align.passes.{name}.from={src!r}: the first pass starts "
-                                "from nothing (null), every later one from an earlier pass")
-        kind = pass_type(opts)
-        if kind not in PASS_TYPES:
-            raise AsrtrainError(f"align.passes.{name}.type={kind!r}: expected one of "
-                                f"{', '.join(PASS_TYPES)}")
-        check_subset_rules(_plain(opts.get("data")), f"align.passes.{name}.data")
-        GmmConfig.from_config({k: v for k, v in _plain(opts).items() if k not in ("from", "data")},
-                              f"align.passes.{name}")   # types, ranges, unknown keys
-        if opts.get("data") and i == len(names) - 1:
-            raise AsrtrainError(f"align.passes.{name}.data: the last pass trains on all of "
-                                f"sets.train ({cfg.sets.train}): the hybrid model and the fMLLR "
-                                "feature dirs take its alignments and transforms; give the "
-                                "subset to an earlier pass (as s5c's tri1, tri2)")
-        if kind == "sat" and src is not None and \
-                pass_type(cfg.align.passes[src]) not in ("lda_mllt", "sat"):
-            raise AsrtrainError(f"align.passes.{name}.type=sat: its from pass {src!r} is of "
-                                f"type {pass_type(cfg.align.passes[src])!r}; SAT adapts "
-                                "LDA+MLLT features: start it from an lda_mllt or sat pass")
 
 
 #: ``align``'s keys that only the stages after it read: ``decode`` (``decode_gmm``) and
@@ -314,7 +270,11 @@ LATER_KEYS = ("decode", "kaldi_fmllr")
 
 
 def _config(cfg: DictConfig) -> dict:
-    """``align`` less the keys of the stages after it (:data:`LATER_KEYS`)."""
+    """``align`` less the keys of the stages after it (:data:`LATER_KEYS`), as the recipe gives
+    it (defaults not filled in: a stage's digest holds what the recipe says). Read first by
+    :func:`align_settings`: every plan computes the digests of all the recipe's stages, so an
+    unknown key or a wrong type is refused in one line before any stage runs."""
+    align_settings(cfg)
     align = select(cfg, "align")
     if isinstance(align, dict):
         align = {k: v for k, v in align.items() if k not in LATER_KEYS}

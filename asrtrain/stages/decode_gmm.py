@@ -25,8 +25,9 @@ import json
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from asrtrain.align.config import align_settings
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.stages.align import (
     final_alignments,
@@ -45,7 +46,7 @@ def run(ctx: StageContext) -> None:
     from asrtrain.stages.fmllr import write_fmllr_sets
 
     cfg, paths = ctx.cfg, ctx.paths
-    if cfg.align.source == "train":
+    if align_settings(cfg).source == "train":
         for name, (graph, decode) in pass_keys(ctx).items():
             out = paths.align_pass(name)
             if graph is not None:
@@ -67,14 +68,15 @@ def pass_keys(ctx: StageContext) -> dict[str, tuple[str | None, str | None]]:
 
     cfg = ctx.cfg
     tests = [str(t) for t in cfg.sets.test]
+    decoded = align_settings(cfg).decode
     chains = pass_chain(cfg)
     out = {}
     for name, chain in chains:
         model_dir = ctx.paths.align_pass(name)
         graph = _pass_key(ctx, model_dir, "graph", chain) \
-            if cfg.align.decode or name == chains[-1][0] else None
+            if decoded or name == chains[-1][0] else None
         decode = _pass_key(ctx, model_dir, "decode", chain, tuning_set(cfg), tests) \
-            if cfg.align.decode else None
+            if decoded else None
         out[name] = (graph, decode)
     return out
 
@@ -141,7 +143,7 @@ def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
     out, data, dec = (paths.align_pass(name), paths.mfcc_set(set_name),
                       paths.decode_dir(name, set_name))
     log.info("decode_gmm %s %s: %s", name, set_name, describe_scoring(data))
-    opts = ctx.cfg.align.passes[name]
+    opts = align_settings(ctx.cfg).passes[name]
     if pass_type(opts) == "sat":
         summary = decode_fmllr(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj),
                                fmllr=fmllr_options(opts))
@@ -171,7 +173,7 @@ def check(cfg: DictConfig) -> None:
     from asrtrain.stages.fmllr import check_kaldi_fmllr
 
     check_kaldi_fmllr(cfg)
-    if cfg.align.decode:
+    if align_settings(cfg).decode:
         from asrtrain.decode import tuning_set
 
         tuning_set(cfg)
@@ -183,12 +185,13 @@ def _config(cfg: DictConfig) -> dict:
     from Kaldi's transforms."""
     from asrtrain.decode import tuning_set
 
-    decode = bool(OmegaConf.select(cfg, "align.decode", default=False))
+    align = align_settings(cfg)
+    decode = align.decode
     out: dict = {"align.decode": decode}
     if decode and (dev := tuning_set(cfg)):
         out["align.tune_on"] = dev
-    if fmllr_sets(cfg) and cfg.align.get("kaldi_fmllr"):
-        out["align.kaldi_fmllr"] = OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True)
+    if fmllr_sets(cfg) and align.kaldi_fmllr:
+        out["align.kaldi_fmllr"] = align.kaldi_fmllr
     return out
 
 

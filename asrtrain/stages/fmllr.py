@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from asrtrain.align.config import align_settings
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.stages.align import (
     final_alignments,
@@ -42,7 +43,7 @@ def write_fmllr_sets(ctx: StageContext, sets: list[str]) -> None:
 
     cfg, paths = ctx.cfg, ctx.paths
     kaldi = _kaldi(cfg)
-    decode = bool(OmegaConf.select(cfg, "align.decode", default=False))
+    decode = align_settings(cfg).decode
     how = [decode, tuning_set(cfg) if decode else None]
     read = sorted((str(p), ctx.files.get(str(p))) for p in kaldi_fmllr_files(cfg))
     training = (str(cfg.sets.train), str(cfg.sets.dev))
@@ -57,8 +58,7 @@ def write_fmllr_sets(ctx: StageContext, sets: list[str]) -> None:
 
 
 def _kaldi(cfg: DictConfig) -> dict | None:
-    return OmegaConf.to_container(cfg.align.kaldi_fmllr, resolve=True) \
-        if cfg.align.get("kaldi_fmllr") else None
+    return align_settings(cfg).kaldi_fmllr or None
 
 
 def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | None) -> None:
@@ -74,24 +74,25 @@ def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | 
     if kaldi is not None:
         import_kaldi_fmllr(data, out, kaldi, set_name)
         return
-    last = list(cfg.align.passes)[-1]
+    align = align_settings(cfg)
+    last = align.last
     model_dir = paths.align_pass(last)
     if set_name == str(cfg.sets.train):
         trans = read_transforms(model_dir)
     elif set_name == str(cfg.sets.dev):
         trans = read_transforms(Path(final_alignments(cfg, paths)["dev"]))
-    elif cfg.align.decode:
+    elif align.decode:
         trans = read_transforms(paths.decode_dir(last, set_name))
     else:   # no decoding: the first pass and the estimation only, to get the transforms
         trans = undecoded_transforms(model_dir, model_dir / "graph", data, paths.lang,
-                                     paths.lm, fmllr_options(cfg.align.passes[last]),
+                                     paths.lm, fmllr_options(align.passes[last]),
                                      nj=int(cfg.nj))
     write_fmllr_set(model_dir, data, out, trans)
 
 
 def check_kaldi_fmllr(cfg: DictConfig) -> None:
     """``align.kaldi_fmllr``'s shape, when given (no file is read)."""
-    if cfg.align.get("kaldi_fmllr"):
+    if _kaldi(cfg):
         from asrtrain.decode.fmllr import check_kaldi_fmllr as check_shape
 
         check_shape(_kaldi(cfg), fmllr_sets(cfg))
