@@ -34,6 +34,7 @@ from asrtrain.align.config import PASS_KEYS, align_settings, pass_type
 from asrtrain.fileio import write_text
 from asrtrain.pipeline import Stage, StageContext, select
 from asrtrain.recipe import Paths
+from asrtrain.sections import sets_settings
 
 if TYPE_CHECKING:
     from asrtrain.jobs import JobConfig
@@ -49,7 +50,7 @@ def final_alignments(cfg: DictConfig, paths: Paths) -> dict[str, str]:
                 "dev": str(paths.align_pass("kaldi").resolve())}
     last = align.last
     return {"train": str(paths.align_pass(last).resolve()),
-            "dev": str(paths.align_pass(f"{last}_ali_{cfg.sets.dev}").resolve())}
+            "dev": str(paths.align_pass(f"{last}_ali_{sets_settings(cfg).dev}").resolve())}
 
 
 def step(ctx: StageContext, marker: Path, key: str, what: str, work,
@@ -78,7 +79,7 @@ def pass_data(cfg: DictConfig, paths: Paths, name: str) -> Path:
 
     rules = check_subset_rules(align_settings(cfg).passes[name].get("data"),
                                f"align.passes.{name}.data")
-    return paths.mfcc_subset(str(cfg.sets.train), subset_slug(rules))
+    return paths.mfcc_subset(sets_settings(cfg).train, subset_slug(rules))
 
 
 def _write_pass_data(ctx: StageContext, name: str, out: Path) -> None:
@@ -89,11 +90,12 @@ def _write_pass_data(ctx: StageContext, name: str, out: Path) -> None:
     cfg, paths = ctx.cfg, ctx.paths
     rules = check_subset_rules(align_settings(cfg).passes[name].get("data"),
                                f"align.passes.{name}.data")
-    full = DataDir.read(paths.mfcc_set(str(cfg.sets.train)))
+    train = sets_settings(cfg).train
+    full = DataDir.read(paths.mfcc_set(train))
     subset = subset_data_dir(full, rules)
     subset.write(out)
     log.info("align %s: trains on %s, %d of %s's %d utterances", name, out.name,
-             len(subset.utt2spk), cfg.sets.train, len(full.utt2spk))
+             len(subset.utt2spk), train, len(full.utt2spk))
 
 
 def pass_alignments(cfg: DictConfig, paths: Paths, name: str) -> Path | None:
@@ -142,7 +144,7 @@ def _train_pass(ctx: StageContext, name: str, opts: dict) -> None:
 def _align_dev(ctx: StageContext, last: str, dev: Path, where: dict) -> None:
     """The dev set aligned with the last pass (align_fmllr.sh: with its own transforms when the
     pass is SAT), for the hybrid model's held-out figures and its fMLLR features."""
-    _align_with(ctx, last, ctx.paths.mfcc_set(ctx.cfg.sets.dev), dev, where)
+    _align_with(ctx, last, ctx.paths.mfcc_set(sets_settings(ctx.cfg).dev), dev, where)
 
 
 def _align_with(ctx: StageContext, model: str, data: Path, out: Path, where: dict) -> None:
@@ -188,7 +190,7 @@ def _run_passes(ctx: StageContext) -> None:
     for name, chain in pass_chain(cfg):
         opts = passes[name]
         data = pass_data(cfg, paths, name)
-        if data != paths.mfcc_set(str(cfg.sets.train)):
+        if data != paths.mfcc_set(sets_settings(cfg).train):
             step(ctx, data / ".done", ctx.step_key("subset", passes[name].get("data")),
                   data.name, lambda name=name, data=data: _write_pass_data(ctx, name, data))
         ali = pass_alignments(cfg, paths, name)
@@ -243,7 +245,8 @@ def fmllr_sets(cfg: DictConfig) -> list[str]:
     decoding, as Kaldi's nnet decoding takes them from decode_fmllr.sh's dir)."""
     if not (last_pass_is_sat(cfg) or align_settings(cfg).kaldi_fmllr):
         return []
-    return [str(cfg.sets.train), str(cfg.sets.dev), *(str(t) for t in cfg.sets.test)]
+    sets = sets_settings(cfg)
+    return [sets.train, sets.dev, *sets.test]
 
 
 def fmllr_options(opts: dict) -> dict:

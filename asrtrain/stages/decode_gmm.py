@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from asrtrain.align.config import align_settings
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.sections import sets_settings
 from asrtrain.stages.align import (
     final_alignments,
     fmllr_options,
@@ -57,7 +58,7 @@ def run(ctx: StageContext) -> None:
     elif "decode_hybrid" in cfg.stages:   # Kaldi's model beside its alignments
         last = Path(final_alignments(cfg, paths)["train"])
         _graph(ctx, last, ctx.step_key("graph", "kaldi"))
-    write_fmllr_sets(ctx, [str(t) for t in cfg.sets.test])
+    write_fmllr_sets(ctx, list(sets_settings(cfg).test))
 
 
 def pass_keys(ctx: StageContext) -> dict[str, tuple[str | None, str | None]]:
@@ -67,7 +68,7 @@ def pass_keys(ctx: StageContext) -> dict[str, tuple[str | None, str | None]]:
     from asrtrain.decode import tuning_set
 
     cfg = ctx.cfg
-    tests = [str(t) for t in cfg.sets.test]
+    tests = list(sets_settings(cfg).test)
     decoded = align_settings(cfg).decode
     chains = pass_chain(cfg)
     out = {}
@@ -121,11 +122,11 @@ def _decode_pass(ctx: StageContext, name: str) -> None:
         best = _decode_set(ctx, name, dev, options, None)["acoustic_scale"]
         options = {"acoustic_scales": [best]}
         log.info("decode_gmm %s: acoustic scale %.4f chosen on %s (held out) for %s", name, best,
-                 dev, ", ".join(cfg.sets.test))
+                 dev, ", ".join(sets_settings(cfg).test))
     else:
         dev = None
-    for test in cfg.sets.test:
-        _decode_set(ctx, name, str(test), options, dev)
+    for test in sets_settings(cfg).test:
+        _decode_set(ctx, name, test, options, dev)
     write_results(paths.exp)
 
 

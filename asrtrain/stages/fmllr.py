@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from asrtrain.align.config import align_settings
 from asrtrain.pipeline import Stage, StageContext
+from asrtrain.sections import sets_settings
 from asrtrain.stages.align import (
     final_alignments,
     fmllr_options,
@@ -30,8 +31,8 @@ log = logging.getLogger("asrtrain")
 
 
 def run(ctx: StageContext) -> None:
-    cfg = ctx.cfg
-    write_fmllr_sets(ctx, [str(cfg.sets.train), str(cfg.sets.dev)])
+    sets = sets_settings(ctx.cfg)
+    write_fmllr_sets(ctx, [sets.train, sets.dev])
 
 
 def write_fmllr_sets(ctx: StageContext, sets: list[str]) -> None:
@@ -46,7 +47,8 @@ def write_fmllr_sets(ctx: StageContext, sets: list[str]) -> None:
     decode = align_settings(cfg).decode
     how = [decode, tuning_set(cfg) if decode else None]
     read = sorted((str(p), ctx.files.get(str(p))) for p in kaldi_fmllr_files(cfg))
-    training = (str(cfg.sets.train), str(cfg.sets.dev))
+    recipe_sets = sets_settings(cfg)
+    training = (recipe_sets.train, recipe_sets.dev)
     for set_name in fmllr_sets(cfg):
         if set_name not in sets:
             continue
@@ -77,9 +79,10 @@ def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | 
     align = align_settings(cfg)
     last = align.last
     model_dir = paths.align_pass(last)
-    if set_name == str(cfg.sets.train):
+    sets = sets_settings(cfg)
+    if set_name == sets.train:
         trans = read_transforms(model_dir)
-    elif set_name == str(cfg.sets.dev):
+    elif set_name == sets.dev:
         trans = read_transforms(Path(final_alignments(cfg, paths)["dev"]))
     elif align.decode:
         trans = read_transforms(paths.decode_dir(last, set_name))

@@ -20,6 +20,7 @@ from asrtrain.lang.bpe import Units
 from asrtrain.models.checkpoint import ModelCheckpoint
 from asrtrain.models.ctc import greedy_units
 from asrtrain.recipe import Paths
+from asrtrain.sections import sets_settings
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
 from asrtrain.train.config import TrainerConfig
 from asrtrain.train.data import UtteranceSet, iterate, shard
@@ -60,8 +61,9 @@ class CTCTask(Task):
         args = dict(delta_order=int(feats.delta_order), norm_vars=bool(feats.norm_vars),
                     subsample=int(cfg.model.get("stack_frames", 1)),
                     max_frames=int(t.max_utt_frames))
-        self.train_set = UtteranceSet(paths.data_set(cfg.sets.train), self.units.encode, **args)
-        self.dev_set = UtteranceSet(paths.data_set(cfg.sets.dev), self.units.encode, **args)
+        sets = sets_settings(cfg)
+        self.train_set = UtteranceSet(paths.data_set(sets.train), self.units.encode, **args)
+        self.dev_set = UtteranceSet(paths.data_set(sets.dev), self.units.encode, **args)
         self.batch_frames = int(t.batch_frames)
         self.seed = int(t.seed)
         self.input_dim, self.output_dim = self.train_set.dim, len(self.units)
@@ -134,7 +136,8 @@ class FrameCETask(Task):
         args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
                     norm_vars=bool(feats.norm_vars))
         append = appended_streams(feats)
-        train, dev = str(cfg.sets.train), str(cfg.sets.dev)
+        sets = sets_settings(cfg)
+        train, dev = sets.train, sets.dev
         self.train_set = ChunkSet(paths.data_set(train), ali.train,
                                   streams=stream_dirs(paths, train, append), **args)
         self.dev_set = ChunkSet(paths.data_set(dev), ali.dev,
