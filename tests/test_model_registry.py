@@ -7,10 +7,12 @@ by importing this module, which ``model.module`` names (``tests/`` on their ``PY
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,11 @@ from torch import nn
 
 from asrtrain import AsrtrainError
 from asrtrain.models import ModelCheckpoint, build_model, load_model, model_names, register_model
-from asrtrain.models.registry import check_model_config
+from asrtrain.models.blstm import BLSTM
+from asrtrain.models.config import BlstmConfig, ModelConfig
+from asrtrain.models.registry import BUILTIN_CONFIGS, check_model_config, model_settings
 from asrtrain.recipe import compose_recipe
+from asrtrain.settings import defaults, integer, opt
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH = "test_spliced_mlp"
@@ -184,3 +189,91 @@ def test_the_training_stages_refuse_an_arch_nothing_registers(stage: str, key: s
     assert str(e.value).startswith(f"{key}.arch='conformer': not a registered model; "
                                    "registered: ")
     assert ARCH in str(e.value) and "blstm" in str(e.value)
+
+
+# ------------------------------------------------------------------ an arch's options' dataclass
+@dataclass(frozen=True)
+class TypedMLPConfig:
+    hidden: int = opt(16, integer(1))
+    context: int = opt(1, integer(0))
+    stack_frames: int = opt(1, integer(1))   # a common key the builder uses too
+
+
+@register_model("test_typed_mlp", config=TypedMLPConfig)
+def build_typed_mlp(cfg: TypedMLPConfig, input_dim: int, output_dim: int,
+                    head: str) -> SplicedMLP:
+    assert isinstance(cfg, TypedMLPConfig)   # the dataclass, not the mapping
+    return SplicedMLP(input_dim, output_dim, cfg.hidden, cfg.context, cfg.stack_frames)
+
+
+def test_an_arch_with_a_dataclass_gets_it_and_typos_are_one_line() -> None:
+    model = build_model({"name": "m", "arch": "test_typed_mlp", "hidden": 8, "stack_frames": 2},
+                        5, 7)
+    assert (model.net[0].out_features, model.context, model.stack_frames) == (8, 1, 2)
+    read = model_settings({"arch": "test_typed_mlp", "head": "ce"}, "hybrid.model")
+    assert read.options == TypedMLPConfig() and read.common.head == "ce"
+    with pytest.raises(AsrtrainError) as e:
+        build_model({"arch": "test_typed_mlp", "hiden": 8}, 5, 7)
+    assert str(e.value) == ("model.hiden: unknown setting; known: alignments, arch, context, "
+                            "head, hidden, module, name, stack_frames")
+    with pytest.raises(AsrtrainError, match=r"^hybrid.model.hidden='8': expected an integer"):
+        check_model_config({"arch": "test_typed_mlp", "hidden": "8"}, "hybrid.model")
+    # without a dataclass (the arch above), the builder's keys are its own business, as before
+    assert model_settings(model_cfg(hiden=3)).options == model_cfg(hiden=3)
+
+
+def test_the_blstm_reads_its_section_with_its_dataclass() -> None:
+    assert BUILTIN_CONFIGS["blstm"] is BlstmConfig   # what a plan reads without torch
+    model = build_model({"name": "b", "layers": 2, "cells": 6, "bottleneck": 0,
+                         "stack_frames": 3}, 5, 7)
+    assert isinstance(model, BLSTM) and len(model.layers) == 2 and model.stack_frames == 3
+    for section, message in [
+            ({"cels": 5}, "model.cels: unknown setting; known: alignments, arch, bottleneck, "
+                          "cells, dropout, head, layers, module, name, stack_frames$"),
+            ({"layers": 0}, "model.layers=0: expected an integer >= 1$"),
+            ({"dropout": "0.1"}, "model.dropout='0.1': expected a number >= 0 and <= 1$"),
+            ({"stack_frames": 1.5}, "model.stack_frames=1.5: expected an integer >= 1$")]:
+        with pytest.raises(AsrtrainError, match="^" + message):
+            check_model_config(section)
+
+
+def _conf(path: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(REPO / "conf" / path), resolve=False)
+
+
+def test_the_model_yaml_defaults_are_the_dataclass_defaults() -> None:
+    """conf/model/blstm_ibm.yaml lists every key of ModelConfig and BlstmConfig at its default
+    but ``name`` (the model's own, no default), ``module`` (a model outside asrtrain) and
+    ``alignments`` (train_hybrid gives the hybrid model the align stage's); the tiny model and
+    the hybrid ones differ in size only: every key they give is known and typed."""
+    ibm = _conf("model/blstm_ibm.yaml")
+    common = {f.name for f in dataclasses.fields(ModelConfig)}
+    own = {f.name for f in dataclasses.fields(BlstmConfig)}
+    assert set(ibm) == (common | own) - {"module", "alignments"}
+    assert {k: v for k, v in ibm.items() if k in own} == defaults(BlstmConfig)
+    assert {k: v for k, v in ibm.items() if k in common and k != "name"} == \
+        {k: v for k, v in defaults(ModelConfig).items() if k in ibm and k != "name"}
+    assert model_settings(ibm, build=False).options == BlstmConfig()
+    tiny = model_settings(_conf("model/blstm_tiny.yaml"), build=False)
+    assert (tiny.options.layers, tiny.options.cells, tiny.common.stack_frames) == (3, 192, 3)
+    for path in sorted((REPO / "conf" / "hybrid").glob("*.yaml")):
+        hybrid = model_settings(_conf(f"hybrid/{path.name}")["model"], "hybrid.model",
+                                build=False)
+        assert hybrid.common.head == "ce" and hybrid.common.arch == "blstm"
+
+
+def test_a_model_typo_through_the_cli_is_one_line(tmp_path: Path) -> None:
+    """Before anything runs (the train stage's check, in a plan): exit 1 and one line naming
+    the key and the valid ones; the hybrid model's section in-process (the same check)."""
+    proc = asrtrain("run", "recipes/tiny", f"exp_dir={tmp_path / 'exp'}", "+model.cels=5",
+                    "--dry-run")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "asrtrain: error: model.cels: unknown setting; known: alignments, arch, bottleneck, "
+        "cells, dropout, head, layers, module, name, stack_frames"]
+    assert not (tmp_path / "exp").exists()
+    import importlib
+
+    check = importlib.import_module("asrtrain.stages.train_hybrid").STAGE.check
+    with pytest.raises(AsrtrainError, match=r"^hybrid.model.cels: unknown setting; known: "):
+        check(compose_recipe(REPO / "recipes" / "tiny", ["+hybrid.model.cels=5"]))

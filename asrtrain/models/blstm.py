@@ -27,12 +27,11 @@ for its own), so cuDNN does not copy them at every call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import _VF, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from asrtrain.models.config import BlstmConfig
 from asrtrain.models.registry import register_model
 
 LAYOUTS = ("bidirectional", "padded", "packed")
@@ -194,10 +193,9 @@ class BLSTM(nn.Module):
         return self.output(self.bottleneck(out)).float(), lengths
 
 
-@register_model("blstm")
-def build_blstm(cfg: Mapping, input_dim: int, output_dim: int, head: str = "ctc") -> BLSTM:
-    """``model.arch=blstm`` (the default): the BLSTM of ``cfg`` (``layers``, ``cells``,
-    ``bottleneck``, ``dropout``, ``stack_frames``), for either head."""
-    return BLSTM(input_dim, output_dim, layers=int(cfg["layers"]), cells=int(cfg["cells"]),
-                 bottleneck=int(cfg.get("bottleneck", 256)), dropout=float(cfg.get("dropout", 0.0)),
-                 stack_frames=int(cfg.get("stack_frames", 1)))
+@register_model("blstm", config=BlstmConfig)
+def build_blstm(cfg: BlstmConfig, input_dim: int, output_dim: int, head: str = "ctc") -> BLSTM:
+    """``model.arch=blstm`` (the default): the BLSTM of ``cfg`` (:class:`BlstmConfig`:
+    ``layers``, ``cells``, ``bottleneck``, ``dropout``, ``stack_frames``), for either head."""
+    return BLSTM(input_dim, output_dim, layers=cfg.layers, cells=cfg.cells,
+                 bottleneck=cfg.bottleneck, dropout=cfg.dropout, stack_frames=cfg.stack_frames)

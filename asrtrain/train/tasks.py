@@ -19,6 +19,7 @@ from asrtrain.features.reader import appended_streams, stream_dirs
 from asrtrain.lang.bpe import Units
 from asrtrain.models.checkpoint import ModelCheckpoint
 from asrtrain.models.ctc import greedy_units
+from asrtrain.models.registry import common_settings
 from asrtrain.recipe import Paths
 from asrtrain.sections import sets_settings
 from asrtrain.train.chunks import IGNORE, ChunkSet, log_priors, prefetch
@@ -59,7 +60,7 @@ class CTCTask(Task):
         self.units = Units(paths.lang / "units.model")
         feats, t = cfg.features, TrainerConfig.from_config(cfg.trainer)
         args = dict(delta_order=int(feats.delta_order), norm_vars=bool(feats.norm_vars),
-                    subsample=int(cfg.model.get("stack_frames", 1)),
+                    subsample=common_settings(cfg.model).stack_frames,
                     max_frames=int(t.max_utt_frames))
         sets = sets_settings(cfg)
         self.train_set = UtteranceSet(paths.data_set(sets.train), self.units.encode, **args)
@@ -132,19 +133,24 @@ class FrameCETask(Task):
     def __init__(self, cfg: DictConfig) -> None:
         paths = Paths(Path(cfg.exp_dir))
         feats, t = cfg.features, TrainerConfig.from_config(cfg.trainer)
-        ali = cfg.model.alignments  # {train: align dir, dev: align dir} (the align stage's)
+        # {train: align dir, dev: align dir} (the align stage's, which train_hybrid gives)
+        ali = common_settings(cfg.model).alignments
+        if not ali or not {"train", "dev"} <= set(ali):
+            raise AsrtrainError(f"model.alignments={ali!r}: expected the train and dev sets' "
+                                "alignment dirs ({train: DIR, dev: DIR}: train_hybrid gives "
+                                "the align stage's)")
         args = dict(chunk=int(t.chunk), delta_order=int(feats.delta_order),
                     norm_vars=bool(feats.norm_vars))
         append = appended_streams(feats)
         sets = sets_settings(cfg)
         train, dev = sets.train, sets.dev
-        self.train_set = ChunkSet(paths.data_set(train), ali.train,
+        self.train_set = ChunkSet(paths.data_set(train), ali["train"],
                                   streams=stream_dirs(paths, train, append), **args)
-        self.dev_set = ChunkSet(paths.data_set(dev), ali.dev,
+        self.dev_set = ChunkSet(paths.data_set(dev), ali["dev"],
                                 streams=stream_dirs(paths, dev, append), **args)
         if self.dev_set.num_pdfs != self.train_set.num_pdfs:
-            raise AsrtrainError(f"{ali.dev}: {self.dev_set.num_pdfs} pdfs, but the training "
-                                f"alignments in {ali.train} have {self.train_set.num_pdfs}")
+            raise AsrtrainError(f"{ali['dev']}: {self.dev_set.num_pdfs} pdfs, but the training "
+                                f"alignments in {ali['train']} have {self.train_set.num_pdfs}")
         if self.dev_set.dim != self.train_set.dim:
             raise AsrtrainError(f"{self.dev_set.data_dir}: a {self.dev_set.dim}-dim input "
                                 f"({self.dev_set.reader.describe()}), but the training set's is "
