@@ -24,10 +24,8 @@ def _arch(key: str, value: Any) -> str:
     question, asked once ``model.module`` is imported."""
     if value is None:
         return DEFAULT_ARCH
-    if not isinstance(value, str):
-        from asrtrain.models.registry import model_names
-
-        raise bad(key, value, f"the name of a model, one of {', '.join(model_names())}")
+    if not isinstance(value, str):   # the registry's common_settings names the registered
+        raise bad(key, value, "the name of a registered model")
     return value
 
 

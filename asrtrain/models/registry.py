@@ -115,6 +115,10 @@ def common_settings(cfg: Mapping[str, Any], where: str = "model") -> ModelConfig
     """The keys every model section has (:class:`ModelConfig`), checked; the arch's own keys
     are not looked at (:func:`model_settings` reads them)."""
     cfg = _plain(cfg)
+    arch = cfg.get("arch")
+    if arch is not None and not isinstance(arch, str):
+        raise AsrtrainError(f"{where}.arch={arch!r}: expected the name of a model, one of "
+                            f"{', '.join(model_names())}")
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     return read(ModelConfig, {k: v for k, v in cfg.items() if k in names}, where)
 
