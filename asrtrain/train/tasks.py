@@ -254,9 +254,5 @@ def describe_features(feats: DictConfig) -> str:
 
 
 def build_task(cfg: DictConfig):
-    head = str(cfg.model.get("head", "ctc"))
-    if head == "ctc":
-        return CTCTask(cfg)
-    if head == "ce":
-        return FrameCETask(cfg)
-    raise AsrtrainError(f"model.head={head!r}: expected ctc or ce")
+    """The task of the model's head (``model.head``, checked by the model section's reader)."""
+    return {"ctc": CTCTask, "ce": FrameCETask}[common_settings(cfg.model).head](cfg)
