@@ -29,18 +29,33 @@ statistics, summed in block order (:mod:`asrtrain.align.passjobs`,
 :func:`asrtrain.align.bench.time_align_iteration` times one iteration at Switchboard model sizes.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from asrtrain.align.config import GmmConfig
-from asrtrain.align.frames import estimate_transforms
-from asrtrain.align.sat import align_fmllr, train_sat
-from asrtrain.align.train import (
-    align_data,
-    import_kaldi_alignment,
-    train_lda_mllt,
-    train_mono,
-    train_pass,
-    train_tri,
-)
+
+#: The torch modules' names, imported on first use (PEP 562): ``asrtrain.align.config``, which
+#: the stages' checks and ``asrtrain run --help`` read, must not import torch with its package.
+_LAZY = {"estimate_transforms": "asrtrain.align.frames",
+         "align_fmllr": "asrtrain.align.sat", "train_sat": "asrtrain.align.sat",
+         **{name: "asrtrain.align.train" for name in (
+             "align_data", "import_kaldi_alignment", "train_lda_mllt", "train_mono",
+             "train_pass", "train_tri")}}
 
 __all__ = ["GmmConfig", "align_data", "align_fmllr", "estimate_transforms",
            "import_kaldi_alignment", "train_lda_mllt", "train_mono", "train_pass", "train_sat",
            "train_tri"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
