@@ -63,8 +63,13 @@ slurm:
 smoke: install system-deps
 	$(ASRTRAIN) run $(RECIPE) $(ARGS)
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (default: one a core, at most 4: a test
+# may start 8 learners), each test file whole in one of them (--dist loadfile: a file's module
+# fixtures are built once); the session experiments of tests/conftest.py are built once for all
+# of them. TEST_WORKERS=0: the suite in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: install system-deps
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check asrtrain tests bench

@@ -8,6 +8,12 @@ autograd's device threads) in the pytest process that a fork could copy. Tests t
 are marked ``@pytest.mark.cuda`` and take the ``device`` fixture; they run only in a session of
 their own, ``ASRTRAIN_TEST_DEVICE=cuda pytest -m cuda`` (a CUDA session runs no other test), and
 are skipped, with the reason, elsewhere.
+
+Workers: ``make test`` runs the suite in pytest-xdist worker processes (``-n``, ``--dist
+loadfile``: each file whole in one worker, the slowest files first, :data:`SLOW_FIRST`). The
+session experiments below are built once for all the workers (:func:`_once`: the first worker to
+ask builds under a file lock, the others wait and read the same folders), so they are read-only
+in every test; a test that changes one works on a copy (:func:`copy_exp`).
 """
 
 from __future__ import annotations
@@ -106,7 +112,18 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
+#: The test files that take longest (seconds each in one process on 2 cores, at load ~2: a
+#: ``--junitxml`` run at 22e73d0), run first: ``make test`` hands whole files to its pytest-xdist
+#: workers in collection order (``--dist loadfile``), so a long file started last would keep one
+#: worker busy while the others have finished. A file not listed keeps its place after them.
+SLOW_FIRST = ("test_slurm", "test_multinode", "test_faults", "test_e2e", "test_simulate",
+              "test_align_sat_stage", "test_bench_scale", "test_transcribe", "test_bench_science",
+              "test_bad_input", "test_pass_subsets", "test_train_guards", "test_align_reproducible")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: k for k, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(SLOW_FIRST)))  # stable
     if TEST_DEVICE == "cpu":
         skip = pytest.mark.skip(reason="needs a GPU: the suite pins the CPU; run "
                                 "ASRTRAIN_TEST_DEVICE=cuda pytest -m cuda")
@@ -133,6 +150,61 @@ def device(request: pytest.FixtureRequest):
     return torch.device("cuda" if "cuda" in request.keywords else "cpu")
 
 
+# ------------------------------------------------------------ built once for the whole session
+def _once(factory: pytest.TempPathFactory, name: str, build):
+    """``build()``'s result, built by one pytest process of the session and read by the others.
+
+    Under pytest-xdist (``make test`` runs the suite in several worker processes) each worker
+    has a session of its own, so a session fixture would be built once per worker: the workers
+    share the run's temporary folder instead, and the first to ask builds under a lock
+    (``<name>.lock``) and records the result (``<name>.pickle``, paths and strings) for the
+    others, which wait for it. A build that fails records its error, so the other workers fail
+    at once with it instead of building again. Without xdist the lock has no one to wait for."""
+    import fcntl
+    import pickle
+
+    shared = _shared_root(factory)
+    record = shared / f"{name}.pickle"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if record.is_file():
+            result = pickle.loads(record.read_bytes())
+            if isinstance(result, _FailedBuild):
+                pytest.fail(f"session fixture {name} failed in another worker:\n{result.why}")
+            return result
+        try:
+            result = build()
+        except BaseException as e:
+            record.write_bytes(pickle.dumps(_FailedBuild(f"{type(e).__name__}: {e}"[-4000:])))
+            raise
+        record.write_bytes(pickle.dumps(result))
+        return result
+
+
+class _FailedBuild:
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _shared_root(factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary folder that every xdist worker sees (the workers' own are
+    ``popen-gw<N>`` under it); the basetemp itself without xdist."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
+    """A new folder ``name`` in the session's shared temporary folder (see :func:`_once`); a
+    half-built one of an earlier try is removed first."""
+    import shutil
+
+    path = _shared_root(factory) / name
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir()
+    return path
+
+
 # The espeak-ng corpus and its GMM passes, built once a session (they were built once for each
 # module that imported test_align's fixtures): test_align, test_align_adapt, test_align_scale and
 # test_align_jobs_stream read them. The helpers and pass settings stay in the test modules that
@@ -157,74 +229,87 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     from asrtrain.lang.lexicon import prepare_lang
 
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("espeak")
-    rng = random.Random(7)
-    out = {"train": speak(root, "train", 48, rng), "test": speak(root, "test", 16, rng),
-           "root": root}
-    prepare_lang(make_dict(root), root / "lang")
-    out["lang"] = root / "lang"
-    return out
+    def build() -> dict[str, Path]:
+        torch.set_num_threads(1)
+        root = shared_dir(tmp_path_factory, "espeak")
+        rng = random.Random(7)
+        out = {"train": speak(root, "train", 48, rng), "test": speak(root, "test", 16, rng),
+               "root": root}
+        prepare_lang(make_dict(root), root / "lang")
+        out["lang"] = root / "lang"
+        return out
+    return _once(tmp_path_factory, "espeak", build)
 
 
 @pytest.fixture(scope="session")
-def mono(corpus: dict[str, Path]) -> Path:
+def mono(corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     from test_align import MONO
 
     from asrtrain.align.train import train_mono
 
-    _one_thread()
-    out = corpus["root"] / "exp" / "mono"
-    train_mono(corpus["train"], corpus["lang"], out, MONO)
-    return out
+    def build() -> Path:
+        _one_thread()
+        out = corpus["root"] / "exp" / "mono"
+        train_mono(corpus["train"], corpus["lang"], out, MONO)
+        return out
+    return _once(tmp_path_factory, "mono", build)
 
 
 @pytest.fixture(scope="session")
-def mono_ali(corpus: dict[str, Path], mono: Path) -> Path:
+def mono_ali(corpus: dict[str, Path], mono: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> Path:
     from asrtrain.align import align_data
 
-    _one_thread()
-    out = corpus["root"] / "exp" / "mono_ali"
-    align_data(corpus["train"], corpus["lang"], mono, out)
-    return out
+    def build() -> Path:
+        _one_thread()
+        out = corpus["root"] / "exp" / "mono_ali"
+        align_data(corpus["train"], corpus["lang"], mono, out)
+        return out
+    return _once(tmp_path_factory, "mono_ali", build)
 
 
 @pytest.fixture(scope="session")
-def tri1(corpus: dict[str, Path], mono_ali: Path) -> Path:
+def tri1(corpus: dict[str, Path], mono_ali: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Path:
     from test_align import TRI
 
     from asrtrain.align.train import train_tri
 
-    _one_thread()
-    out = corpus["root"] / "exp" / "tri1"
-    train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
-    return out
+    def build() -> Path:
+        _one_thread()
+        out = corpus["root"] / "exp" / "tri1"
+        train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
+        return out
+    return _once(tmp_path_factory, "tri1", build)
 
 
-def _train_pass(corpus: dict[str, Path], source: Path, name: str, options) -> Path:
+def _train_pass(factory: pytest.TempPathFactory, corpus: dict[str, Path], source: Path,
+                name: str, options) -> Path:
     """The espeak corpus's pass ``name`` trained from ``source``'s alignments, one thread."""
     from asrtrain.align import train_pass
 
-    _one_thread()
-    out = corpus["root"] / "exp" / name
-    train_pass(corpus["train"], corpus["lang"], source, out, options)
-    return out
+    def build() -> Path:
+        _one_thread()
+        out = corpus["root"] / "exp" / name
+        train_pass(corpus["train"], corpus["lang"], source, out, options)
+        return out
+    return _once(factory, name, build)
 
 
 @pytest.fixture(scope="session")
-def tri3(corpus: dict[str, Path], tri1: Path) -> Path:
+def tri3(corpus: dict[str, Path], tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LDA+MLLT from tri1 (test_align_adapt's TRI3)."""
     from test_align_adapt import TRI3
 
-    return _train_pass(corpus, tri1, "tri3", TRI3)
+    return _train_pass(tmp_path_factory, corpus, tri1, "tri3", TRI3)
 
 
 @pytest.fixture(scope="session")
-def tri4(corpus: dict[str, Path], tri3: Path) -> Path:
+def tri4(corpus: dict[str, Path], tri3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SAT from tri3 (test_align_adapt's TRI4)."""
     from test_align_adapt import TRI4
 
-    return _train_pass(corpus, tri3, "tri4", TRI4)
+    return _train_pass(tmp_path_factory, corpus, tri3, "tri4", TRI4)
 
 
 # -------------------------------------------------------------- experiments of the tiny recipe
@@ -243,15 +328,17 @@ def tiny_tri1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     import small  # bench/small.py
 
-    exp = tmp_path_factory.mktemp("tiny_tri1") / "exp"
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", GMM_STAGES, *small.overrides("tri1"), "nj=2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    # beside the exp dir, not in it (copies leave it behind): what the GMM passes printed
-    (exp.parent / "run.stderr").write_text(proc.stderr)
-    return exp
+    def build() -> Path:
+        exp = shared_dir(tmp_path_factory, "tiny_tri1") / "exp"
+        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
+                               f"exp_dir={exp}", GMM_STAGES, *small.overrides("tri1"), "nj=2"],
+                              cwd=REPO, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        # beside the exp dir, not in it (copies leave it behind): what the GMM passes printed
+        (exp.parent / "run.stderr").write_text(proc.stderr)
+        return exp
+    return _once(tmp_path_factory, "tiny_tri1", build)
 
 
 #: The tiny recipe's two systems, small: the CTC model, mono and tri1, the hybrid model on the 40
@@ -281,14 +368,16 @@ def tiny_trained(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
     import small  # bench/small.py
 
-    exp = copy_exp(tiny_tri1, tmp_path_factory.mktemp("tiny_trained") / "exp")
-    args = ["recipes/tiny", *small.overrides(*TRAINED_SETS)]
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *args,
-                           f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"exp": exp, "args": args, "stderr": proc.stderr,
-            "gmm_stderr": (tiny_tri1.parent / "run.stderr").read_text()}
+    def build() -> dict:
+        exp = copy_exp(tiny_tri1, shared_dir(tmp_path_factory, "tiny_trained") / "exp")
+        args = ["recipes/tiny", *small.overrides(*TRAINED_SETS)]
+        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *args,
+                               f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
+                              timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return {"exp": exp, "args": args, "stderr": proc.stderr,
+                "gmm_stderr": (tiny_tri1.parent / "run.stderr").read_text()}
+    return _once(tmp_path_factory, "tiny_trained", build)
 
 
 @pytest.fixture(scope="session")
@@ -297,6 +386,11 @@ def hybrid_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (for the BLSTM) features, a monophone GMM trained on eval2000 itself (test_hybrid_decode's
     MONO; its text in the lexicon's case, out-of-vocabulary words as <unk>) and its HCLG: built
     once a session for test_hybrid_decode and test_decode_scale (each had a module's copy)."""
+    return _once(tmp_path_factory, "hybrid",
+                 lambda: _hybrid_setup(shared_dir(tmp_path_factory, "hybrid")))
+
+
+def _hybrid_setup(root: Path) -> dict[str, Path]:
     import shutil
 
     from test_hybrid_decode import MONO
@@ -311,7 +405,6 @@ def hybrid_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from asrtrain.lang.phones import SymbolTable
 
     _one_thread()
-    root = tmp_path_factory.mktemp("hybrid")
     data = root / "exp" / "data"
     prepare_corpus({"kind": "tiny", "root": str(REPO / "data" / "tiny"), "dev_utts": 40,
                     "max_dup": 4, "expected_test_sides": 12}, data)
@@ -342,6 +435,11 @@ def user_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lexicon as plain 'WORD PHONE ...' lines, without its silence entries and without REMOVED:
     your own data dirs for recipes/datadir (test_datadir_recipe and test_content_digest, which
     imported the module's fixture), built once a session; read-only."""
+    return _once(tmp_path_factory, "mine", lambda: _user_corpus(shared_dir(tmp_path_factory,
+                                                                           "mine")))
+
+
+def _user_corpus(root: Path) -> Path:
     import re
 
     from test_datadir_recipe import REMOVED, SHORT_UTT
@@ -349,7 +447,6 @@ def user_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from asrtrain.data.corpora import prepare_corpus
     from asrtrain.data.datadir import DataDir, Segment
 
-    root = tmp_path_factory.mktemp("mine")
     prepare_corpus({"kind": "tiny", "root": str(REPO / "data" / "tiny"), "dev_utts": 40,
                     "max_dup": 4, "expected_test_sides": 12}, root / "tiny")
     nodup = DataDir.read(root / "tiny" / "train_nodup")
