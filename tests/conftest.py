@@ -380,6 +380,36 @@ def tiny_trained(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     return _once(tmp_path_factory, "tiny_trained", build)
 
 
+#: The tiny recipe as shipped, small: the CTC model, the SAT chain (mono, tri1, tri3, tri4), the
+#: i-vectors and the hybrid model on the 260-dim input (recipes/tiny/small.yaml's ctc, sat and
+#: hybrid sets; tests/test_e2e.py's SMALL, SAT_SMALL and HYBRID_SMALL, in that order).
+SHIPPED_SETS = ("ctc", "sat", "hybrid")
+
+
+@pytest.fixture(scope="session")
+def tiny_shipped(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every stage of the tiny recipe as shipped (SHIPPED_SETS), run once a session from the raw
+    corpus through the CLI, with ``PYTHONHASHSEED=1``: test_e2e checks the run and what it
+    printed, test_align_reproducible compares its GMM passes and fMLLR features with a second
+    run from scratch (another hash seed). ``{"exp": the exp dir, "args": the run's arguments
+    after ``run``, less ``exp_dir``, "stdout", "stderr"}``. Read-only: a test that runs anything
+    in it works on a copy (``copy_exp``)."""
+    import subprocess
+
+    import small  # bench/small.py
+
+    def build() -> dict:
+        exp = shared_dir(tmp_path_factory, "tiny_shipped") / "exp"
+        args = ["recipes/tiny", *small.overrides(*SHIPPED_SETS)]
+        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *args,
+                               f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
+                              timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                 "PYTHONHASHSEED": "1"})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return {"exp": exp, "args": args, "stdout": proc.stdout, "stderr": proc.stderr}
+    return _once(tmp_path_factory, "tiny_shipped", build)
+
+
 @pytest.fixture(scope="session")
 def hybrid_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny corpus's eval2000 (espeak-ng speech, stm + glm) with MFCC (for the GMM) and fbank

@@ -52,17 +52,21 @@ def run_align(exp: Path, *extra: str, ok: bool = True) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="module")
-def exp(tmp_path_factory: pytest.TempPathFactory, tiny_tri1: Path) -> Path:
-    """The tiny corpus's inputs of the align stage and its small mono and tri1 passes (a copy of
-    the session's tiny_tri1, conftest's: the same passes as the chain's), then the SAT chain:
-    mono and tri1 are not trained again (their steps are keyed by their own settings), tri3 and
-    tri4 are."""
+def exp(tmp_path_factory: pytest.TempPathFactory, tiny_shipped: dict) -> Path:
+    """A copy of the session's run of the recipe as shipped (conftest's tiny_shipped: the same
+    passes, mono -> tri1 -> tri3 -> tri4, not decoded), then each pass decoded: no pass is
+    trained again (their steps are keyed by their own settings), the decoding and the fMLLR
+    feature dirs of the decoded test set are made."""
     exp = tmp_path_factory.mktemp("sat") / "exp"
-    shutil.copytree(tiny_tri1, exp, symlinks=True)
+    shutil.copytree(tiny_shipped["exp"], exp, symlinks=True)
     out = run_align(exp)
     (exp / "first_run.stderr").write_text(out.stderr)
-    log = (exp / "log" / "align.log").read_text()
-    assert "align mono: done already" in log and "align tri1: done already" in log, log[-3000:]
+    for name in ("mono", "tri1", "tri3", "tri4"):   # not trained again: the session's models
+        model = Path("align") / name / "final.mdl"
+        assert (exp / model).read_bytes() == (tiny_shipped["exp"] / model).read_bytes(), name
+        assert (exp / model).stat().st_mtime_ns == \
+            (tiny_shipped["exp"] / model).stat().st_mtime_ns, name
+    assert "stage decode_gmm" in out.stderr, out.stderr[-3000:]
     return exp
 
 

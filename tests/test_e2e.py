@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
+from conftest import copy_exp
 
 REPO = Path(__file__).resolve().parents[1]
 # The small settings, one place for the suite and bench/: recipes/tiny/small.yaml (bench/small.py
@@ -36,12 +37,19 @@ def asrtrain(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def exp(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny") / "exp"
+def exp(tiny_shipped: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the session's run of every stage (conftest's tiny_shipped), which the tests of
+    this module add to (more models, other backends)."""
+    return copy_exp(tiny_shipped["exp"], tmp_path_factory.mktemp("tiny") / "exp")
 
 
-def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
-    out = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *SAT_SMALL, *HYBRID_SMALL)
+def test_tiny_recipe_every_stage_then_nothing(tiny_shipped: dict, tmp_path: Path) -> None:
+    """The session's run of the recipe from the raw corpus (conftest's tiny_shipped, these
+    settings: SMALL, SAT_SMALL, HYBRID_SMALL), then the same command again, on a copy."""
+    assert tiny_shipped["args"] == ["recipes/tiny", *SMALL, *SAT_SMALL, *HYBRID_SMALL]
+    out = subprocess.CompletedProcess(tiny_shipped["args"], 0, tiny_shipped["stdout"],
+                                      tiny_shipped["stderr"])
+    exp = tiny_shipped["exp"]
     wers = {(m.group(5), m.group(1)): (float(m.group(2)), int(m.group(4)))
             for m in WER_LINE.finditer(out.stdout)}
     # both systems' WERs are printed: the CTC model's, then the hybrid's
@@ -55,8 +63,8 @@ def test_tiny_recipe_every_stage_then_nothing(exp: Path) -> None:
         assert f"stage {stage}" in out.stderr
     assert (exp / "decode" / "blstm_tiny" / "eval2000" / "score" / "ctm.filt.sys").is_file()
     assert (exp / "decode" / "hybrid_tiny" / "eval2000" / "decode.json").is_file()
-    again = asrtrain("run", "recipes/tiny", f"exp_dir={exp}", *SMALL, *SAT_SMALL,
-                     *HYBRID_SMALL)
+    again = asrtrain("run", "recipes/tiny", f"exp_dir={copy_exp(exp, tmp_path / 'exp')}",
+                     *SMALL, *SAT_SMALL, *HYBRID_SMALL)
     assert "nothing to do" in again.stderr and "starts" not in again.stderr
 
 
