@@ -11,9 +11,10 @@ are skipped, with the reason, elsewhere.
 
 Workers: ``make test`` runs the suite in pytest-xdist worker processes (``-n``, ``--dist
 loadfile``: each file whole in one worker, the slowest files first, :data:`SLOW_FIRST`). The
-session experiments below are built once for all the workers (:func:`_once`: the first worker to
-ask builds under a file lock, the others wait and read the same folders), so they are read-only
-in every test; a test that changes one works on a copy (:func:`copy_exp`).
+tiny recipe's session experiments, ``hybrid_setup`` and ``user_corpus`` are built once for all
+the workers (:func:`_once`: the first worker to ask builds under a file lock, the others wait and
+read the same folders); the espeak corpus and its passes once in each worker that uses them.
+They are read-only in every test; a test that changes one works on a copy (:func:`copy_exp`).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def device(request: pytest.FixtureRequest):
 
 
 # ------------------------------------------------------------ built once for the whole session
-def _once(factory: pytest.TempPathFactory, name: str, build):
+def _once(factory: pytest.TempPathFactory, name: str, build, own: bool = False):
     """``build()``'s result, built by one pytest process of the session and read by the others.
 
     Under pytest-xdist (``make test`` runs the suite in several worker processes) each worker
@@ -159,11 +160,14 @@ def _once(factory: pytest.TempPathFactory, name: str, build):
     share the run's temporary folder instead, and the first to ask builds under a lock
     (``<name>.lock``) and records the result (``<name>.pickle``, paths and strings) for the
     others, which wait for it. A build that fails records its error, so the other workers fail
-    at once with it instead of building again. Without xdist the lock has no one to wait for."""
+    at once with it instead of building again. Without xdist the lock has no one to wait for.
+    ``own``: built once in each worker instead, in its own folder (the espeak corpus and its
+    passes: their tests ran with a shared copy written by another worker's jobs at the same
+    time, and test_align_adapt's fMLLR equivariance test failed once that way)."""
     import fcntl
     import pickle
 
-    shared = _shared_root(factory)
+    shared = _shared_root(factory, own)
     record = shared / f"{name}.pickle"
     with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -186,19 +190,19 @@ class _FailedBuild:
         self.why = why
 
 
-def _shared_root(factory: pytest.TempPathFactory) -> Path:
+def _shared_root(factory: pytest.TempPathFactory, own: bool = False) -> Path:
     """The session's temporary folder that every xdist worker sees (the workers' own are
-    ``popen-gw<N>`` under it); the basetemp itself without xdist."""
+    ``popen-gw<N>`` under it); the basetemp itself without xdist, or with ``own``."""
     base = factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") and not own else base
 
 
-def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
+def shared_dir(factory: pytest.TempPathFactory, name: str, own: bool = False) -> Path:
     """A new folder ``name`` in the session's shared temporary folder (see :func:`_once`); a
     half-built one of an earlier try is removed first."""
     import shutil
 
-    path = _shared_root(factory) / name
+    path = _shared_root(factory, own) / name
     if path.exists():
         shutil.rmtree(path)
     path.mkdir()
@@ -231,14 +235,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     def build() -> dict[str, Path]:
         torch.set_num_threads(1)
-        root = shared_dir(tmp_path_factory, "espeak")
+        root = shared_dir(tmp_path_factory, "espeak", own=True)
         rng = random.Random(7)
         out = {"train": speak(root, "train", 48, rng), "test": speak(root, "test", 16, rng),
                "root": root}
         prepare_lang(make_dict(root), root / "lang")
         out["lang"] = root / "lang"
         return out
-    return _once(tmp_path_factory, "espeak", build)
+    return _once(tmp_path_factory, "espeak", build, own=True)
 
 
 @pytest.fixture(scope="session")
@@ -252,7 +256,7 @@ def mono(corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> P
         out = corpus["root"] / "exp" / "mono"
         train_mono(corpus["train"], corpus["lang"], out, MONO)
         return out
-    return _once(tmp_path_factory, "mono", build)
+    return _once(tmp_path_factory, "mono", build, own=True)
 
 
 @pytest.fixture(scope="session")
@@ -265,7 +269,7 @@ def mono_ali(corpus: dict[str, Path], mono: Path,
         out = corpus["root"] / "exp" / "mono_ali"
         align_data(corpus["train"], corpus["lang"], mono, out)
         return out
-    return _once(tmp_path_factory, "mono_ali", build)
+    return _once(tmp_path_factory, "mono_ali", build, own=True)
 
 
 @pytest.fixture(scope="session")
@@ -280,7 +284,7 @@ def tri1(corpus: dict[str, Path], mono_ali: Path,
         out = corpus["root"] / "exp" / "tri1"
         train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
         return out
-    return _once(tmp_path_factory, "tri1", build)
+    return _once(tmp_path_factory, "tri1", build, own=True)
 
 
 def _train_pass(factory: pytest.TempPathFactory, corpus: dict[str, Path], source: Path,
@@ -293,7 +297,7 @@ def _train_pass(factory: pytest.TempPathFactory, corpus: dict[str, Path], source
         out = corpus["root"] / "exp" / name
         train_pass(corpus["train"], corpus["lang"], source, out, options)
         return out
-    return _once(factory, name, build)
+    return _once(factory, name, build, own=True)
 
 
 @pytest.fixture(scope="session")
