@@ -217,10 +217,13 @@ def shared_dir(factory: pytest.TempPathFactory, name: str, own: bool = False) ->
 def _one_thread() -> None:
     """Each pass is trained with one torch thread, as when each module built its own passes
     right after the corpus (a test run before may have left more; the float sums, and so the
-    passes' models, depend on it)."""
+    passes' models, depend on it), and one BLAS thread (numpy's LDA, MLLT and fMLLR solves:
+    a test run before in the same process may have set its pools otherwise)."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(1)
+    threadpool_limits(1)
 
 
 @pytest.fixture(scope="session")
@@ -228,13 +231,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """4 espeak-ng voices as 4 speakers: 48 training and 16 test utterances, MFCC, a lang dir."""
     import random
 
-    import torch
     from test_align import make_dict, speak
 
     from asrtrain.lang.lexicon import prepare_lang
 
     def build() -> dict[str, Path]:
-        torch.set_num_threads(1)
+        _one_thread()
         root = shared_dir(tmp_path_factory, "espeak", own=True)
         rng = random.Random(7)
         out = {"train": speak(root, "train", 48, rng), "test": speak(root, "test", 16, rng),
