@@ -63,11 +63,13 @@ slurm:
 smoke: install system-deps
 	$(ASRTRAIN) run $(RECIPE) $(ARGS)
 
-# The suite runs in TEST_WORKERS pytest-xdist processes (default: one a core, at most 4: a test
-# may start 8 learners), each test file whole in one of them (--dist loadfile: a file's module
-# fixtures are built once); the session experiments of tests/conftest.py are built once for all
-# of them. TEST_WORKERS=0: the suite in one process.
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# TEST_WORKERS=N runs the suite in N pytest-xdist processes (at most 4 on a small machine: a
+# test may start 8 learners), each test file whole in one of them (--dist loadfile: a file's
+# module fixtures are built once); tests/conftest.py builds the session experiments once for all
+# of them. On 2 cores, 2 workers took 22 min 13 s against 32 min 41 s in one process (fresh
+# clones, idle). The default is one process (0) until test_align_adapt's fMLLR equivariance
+# test is settled under workers: it failed in 2 of 3 fresh-clone runs with 2 workers.
+TEST_WORKERS ?= 0
 test: install system-deps
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
