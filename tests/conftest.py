@@ -11,9 +11,10 @@ are skipped, with the reason, elsewhere.
 
 Workers: ``make test TEST_WORKERS=N`` runs the suite in pytest-xdist worker processes
 (``-n``, ``--dist loadfile``: each file whole in one worker, the slowest files first,
-:data:`SLOW_FIRST`). The tiny recipe's session experiments, ``hybrid_setup`` and ``user_corpus`` are built once for all
-the workers (:func:`_once`: the first worker to ask builds under a file lock, the others wait and
-read the same folders); the espeak corpus and its passes once in each worker that uses them.
+:data:`SLOW_FIRST`). The tiny recipe's session experiments, ``hybrid_setup`` and
+``user_corpus`` are built once for all the workers (:func:`_once`: the first worker to ask
+builds under a file lock, the others wait and read the same folders); the espeak corpus and its
+passes once in each worker that uses them.
 They are read-only in every test; a test that changes one works on a copy (:func:`copy_exp`).
 """
 
