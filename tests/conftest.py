@@ -248,18 +248,25 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return _once(tmp_path_factory, "espeak", build, own=True)
 
 
+def _espeak_pass(factory: pytest.TempPathFactory, corpus: dict[str, Path], name: str,
+                 make) -> Path:
+    """``corpus["root"]/exp/<name>``, made once in this worker by ``make(out)``, one thread."""
+    def build() -> Path:
+        _one_thread()
+        out = corpus["root"] / "exp" / name
+        make(out)
+        return out
+    return _once(factory, name, build, own=True)
+
+
 @pytest.fixture(scope="session")
 def mono(corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     from test_align import MONO
 
     from asrtrain.align.train import train_mono
 
-    def build() -> Path:
-        _one_thread()
-        out = corpus["root"] / "exp" / "mono"
-        train_mono(corpus["train"], corpus["lang"], out, MONO)
-        return out
-    return _once(tmp_path_factory, "mono", build, own=True)
+    return _espeak_pass(tmp_path_factory, corpus, "mono", lambda out: train_mono(
+        corpus["train"], corpus["lang"], out, MONO))
 
 
 @pytest.fixture(scope="session")
@@ -267,12 +274,8 @@ def mono_ali(corpus: dict[str, Path], mono: Path,
              tmp_path_factory: pytest.TempPathFactory) -> Path:
     from asrtrain.align import align_data
 
-    def build() -> Path:
-        _one_thread()
-        out = corpus["root"] / "exp" / "mono_ali"
-        align_data(corpus["train"], corpus["lang"], mono, out)
-        return out
-    return _once(tmp_path_factory, "mono_ali", build, own=True)
+    return _espeak_pass(tmp_path_factory, corpus, "mono_ali", lambda out: align_data(
+        corpus["train"], corpus["lang"], mono, out))
 
 
 @pytest.fixture(scope="session")
@@ -282,12 +285,8 @@ def tri1(corpus: dict[str, Path], mono_ali: Path,
 
     from asrtrain.align.train import train_tri
 
-    def build() -> Path:
-        _one_thread()
-        out = corpus["root"] / "exp" / "tri1"
-        train_tri(corpus["train"], corpus["lang"], mono_ali, out, TRI)
-        return out
-    return _once(tmp_path_factory, "tri1", build, own=True)
+    return _espeak_pass(tmp_path_factory, corpus, "tri1", lambda out: train_tri(
+        corpus["train"], corpus["lang"], mono_ali, out, TRI))
 
 
 def _train_pass(factory: pytest.TempPathFactory, corpus: dict[str, Path], source: Path,
@@ -295,12 +294,8 @@ def _train_pass(factory: pytest.TempPathFactory, corpus: dict[str, Path], source
     """The espeak corpus's pass ``name`` trained from ``source``'s alignments, one thread."""
     from asrtrain.align import train_pass
 
-    def build() -> Path:
-        _one_thread()
-        out = corpus["root"] / "exp" / name
-        train_pass(corpus["train"], corpus["lang"], source, out, options)
-        return out
-    return _once(factory, name, build, own=True)
+    return _espeak_pass(factory, corpus, name, lambda out: train_pass(
+        corpus["train"], corpus["lang"], source, out, options))
 
 
 @pytest.fixture(scope="session")
