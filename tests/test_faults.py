@@ -21,7 +21,10 @@ from conftest import copy_exp
 from test_e2e import REPO, SMALL
 
 # Long enough to be interrupted in the middle: the tests stop it as soon as epochs finish.
-LONG = ["trainer.epochs=400", "trainer.backend=adpsgd", "trainer.learners=4"]
+# Three learners: a rank to hang (2) beside the rank that dies (1) and rank 0, which writes; each
+# learner more is a process start more (~3.5 CPU-s) in every run here.
+LEARNERS = 3
+LONG = ["trainer.epochs=400", "trainer.backend=adpsgd", f"trainer.learners={LEARNERS}"]
 HANG_GUARD = 600  # seconds; a hang guard for a loaded machine, never a speed assertion
 
 
@@ -92,7 +95,7 @@ def wait_for(predicate, what: str, proc: subprocess.Popen | None = None) -> None
 def epochs_done(exp: Path, n: int = 2):
     model = exp / "train" / "blstm_tiny"
     return lambda: (sum(bool(re.fullmatch(r"epoch-\d+\.pt", p.name)) for p in model.glob("*"))
-                    >= n and len(learners(exp)) >= 4)
+                    >= n and len(learners(exp)) >= LEARNERS)
 
 
 def one_error_line(stderr: str) -> str:
@@ -110,9 +113,9 @@ def no_leftovers(exp: Path) -> None:
     wait_for(lambda: not learners(exp), "every learner to end")
 
 
-def resumes(exp: Path) -> None:
+def resumes(exp: Path, *extra: str) -> None:
     """The same command (fewer epochs, a resumable setting) continues from a checkpoint."""
-    out = run(exp, *LONG[1:], "trainer.epochs=3")
+    out = run(exp, *LONG[1:], *extra, "trainer.epochs=3")
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"resuming after epoch \d+ from", out.stderr), out.stderr[-3000:]
     assert (exp / "train" / "blstm_tiny" / "final.pt").is_file()
@@ -252,7 +255,7 @@ def test_a_full_disk_during_training_is_one_line_keeps_the_epochs_and_resumes(
         used = shutil.disk_usage(fs).used // 1024
         # room for the first epoch's model and 4 optimizer states (~2.6 MB), not the second's
         subprocess.run(["mount", "-o", f"remount,size={used + 4000}k", str(fs)], check=True)
-        out = run(exp, *LONG)
+        out = run(exp, *LONG, "trainer.learners=4")
         assert out.returncode == 1, out.stderr[-3000:]
         assert "enforce fail" not in out.stderr and "terminate called" not in out.stderr
         line = one_error_line(out.stderr)
@@ -264,4 +267,4 @@ def test_a_full_disk_during_training_is_one_line_keeps_the_epochs_and_resumes(
         kept = sorted(model.glob("epoch-*.pt"))
         assert kept and all(checksum.damage(p) is None for p in kept), kept
         subprocess.run(["mount", "-o", "remount,size=200000k", str(fs)], check=True)
-        resumes(exp)
+        resumes(exp, "trainer.learners=4")

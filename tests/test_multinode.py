@@ -199,28 +199,36 @@ def _compare(two: dict, one: dict, backend: str, loss: str) -> None:
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_two_nodes_train_the_same_as_the_learners_in_one(nodes: Nodes, exp: Path,
                                                          backend: str) -> None:
-    """One two-agent ``asrtrain run`` a backend trains both models, CTC then hybrid (node 1 runs
-    the learners of both training stages in turn, waiting for node 0's data and GMM stages in
-    between); one one-agent run of the same 4 learners trains both again, as the reference."""
+    """One two-agent ``asrtrain run`` a backend; one one-agent run of the same 4 learners as the
+    reference. ssgd, and whichever backend comes to the fresh exp dir, trains both models, CTC
+    then hybrid: node 1 runs the learners of both training stages in turn, waiting for node 0's
+    data and GMM stages in between. The gossiping backends train the CTC model only: the two
+    training stages run the same backend code, and each of their learner starts costs CPU
+    (merged: the hybrid model on two agents is trained by ssgd's run here, and by every backend
+    in one agent in test_e2e)."""
     ctc, hybrid = f"ctc_{backend}", f"hybrid_{backend}"
-    args = ["--to", "train_hybrid", f"trainer.backend={backend}", f"model.name={ctc}",
+    fresh = not (exp / ".done" / "features").is_file()
+    to = "train_hybrid" if fresh or backend == "ssgd" else "train"
+    args = ["--to", to, f"trainer.backend={backend}", f"model.name={ctc}",
             f"hybrid.model.name={hybrid}", *BACKENDS[backend]]
     port = _port()
     # node 1 first, on a fresh exp dir (the first backend's): it waits for node 0's data stages,
     # then joins; before train_hybrid it waits again, for node 0's GMM passes
-    fresh = not (exp / ".done" / "features").is_file()
     first = _start(nodes, 1, exp, port, "trainer.learners=2", *args)
     node1 = _wait_for_line(first, "waits for node 0 to finish") if fresh else ""
     second = _start(nodes, 0, exp, port, "trainer.learners=2", *args)
     out1, out0 = _finish([first, second], HANG_GUARD * 3)  # prepare..align, two trainings
     out1 = node1 + out1
-    for stage in ("train", "train_hybrid"):
+    trained = ("train", "train_hybrid") if to == "train_hybrid" else ("train",)
+    for stage in trained:
         assert f"node 1 of 2: stage {stage}: starting this node's 2 learners" in out1, stage
         assert f"stage {stage:<13} done" in out0, stage
     assert " starts: " not in out1 and "stage prepare" not in out1  # node 0 runs the stages
     if fresh:
         assert "stage train_hybrid waits for node 0 to finish" in out1, out1[-3000:]
     runs = {"dev_loss": exp / "train" / ctc, "hybrid dev_loss": exp / "train" / hybrid}
+    if to == "train":
+        del runs["hybrid dev_loss"]
     two = {loss: _checkpoint(run_dir) for loss, run_dir in runs.items()}
     for loss, run_dir in runs.items():
         assert two[loss]["epoch"] == 2, loss
@@ -229,11 +237,12 @@ def test_two_nodes_train_the_same_as_the_learners_in_one(nodes: Nodes, exp: Path
         log = (exp / "log" / "train.log").read_text()
         said = [line for line in log.splitlines() if "backend hadpsgd" in line]
         assert "4 learners = 2 nodes x 2" in said[-1], said[-1]
-    _one_agent(exp, "--to", "train_hybrid", f"trainer.backend={backend}",
+    _one_agent(exp, "--to", to, f"trainer.backend={backend}",
                f"model.name={ctc}_one", f"hybrid.model.name={hybrid}_one", *ONE_AGENT[backend])
     _compare(two["dev_loss"], _checkpoint(exp / "train" / f"{ctc}_one"), backend, "dev_loss")
-    _compare(two["hybrid dev_loss"], _checkpoint(exp / "train" / f"{hybrid}_one"), backend,
-             "dev_loss")
+    if "hybrid dev_loss" in two:
+        _compare(two["hybrid dev_loss"], _checkpoint(exp / "train" / f"{hybrid}_one"), backend,
+                 "dev_loss")
     # only node 0 writes records and checkpoints; node 1 held a lock of its own
     assert (exp / ".node1.lock").is_file()
 
