@@ -66,10 +66,10 @@ smoke: install system-deps
 # TEST_WORKERS=N runs the suite in N pytest-xdist processes (at most 4 on a small machine: a
 # test may start 8 learners), each test file whole in one of them (--dist loadfile: a file's
 # module fixtures are built once); tests/conftest.py builds the session experiments once for all
-# of them. On 2 cores, 2 workers took 22 min 13 s against 32 min 41 s in one process (fresh
-# clones, idle). The default is one process (0) until test_align_adapt's fMLLR equivariance
-# test is settled under workers: it failed in 2 of 3 fresh-clone runs with 2 workers.
-TEST_WORKERS ?= 0
+# of them. Fresh clones on an idle 2-core machine: one process (0) 32 min 41 s (22e73d0); 2
+# workers 19 min 32 s (4406aa8); 3 workers 18 min 35 s (d6f19d8): the suite is CPU-bound, so
+# more than 2 gain little. 0 runs it in this process (pytest's -n 0).
+TEST_WORKERS ?= 2
 test: install system-deps
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

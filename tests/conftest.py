@@ -9,8 +9,8 @@ are marked ``@pytest.mark.cuda`` and take the ``device`` fixture; they run only 
 their own, ``ASRTRAIN_TEST_DEVICE=cuda pytest -m cuda`` (a CUDA session runs no other test), and
 are skipped, with the reason, elsewhere.
 
-Workers: ``make test TEST_WORKERS=N`` runs the suite in pytest-xdist worker processes
-(``-n``, ``--dist loadfile``: each file whole in one worker, the slowest files first,
+Workers: ``make test`` runs the suite in 2 pytest-xdist worker processes (``TEST_WORKERS=N``:
+``-n N``; ``--dist loadfile``: each file whole in one worker, the slowest files first,
 :data:`SLOW_FIRST`). The tiny recipe's session experiments, ``hybrid_setup`` and
 ``user_corpus`` are built once for all the workers (:func:`_once`: the first worker to ask
 builds under a file lock, the others wait and read the same folders); the espeak corpus and its
