@@ -1,0 +1,64 @@
+"""bench/noise_scale.py: the estimator recovers a known gradient noise scale from sampled
+gradients, and the tool measures the tiny hybrid task (the session's tiny_tri1 exp dir) in this
+process."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import noise_scale  # bench/noise_scale.py (conftest puts bench/ on the path)
+import pytest
+import small
+import torch
+
+from asrtrain import AsrtrainError
+from asrtrain.recipe import compose_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_estimator_recovers_a_known_noise_scale() -> None:
+    """Per-sample gradients G + e, e ~ N(0, diag(s^2)): tr(Sigma) = sum(s^2), and B_simple =
+    tr(Sigma) / |G|^2 is known; the draws are made as the tool makes them (B/b batches of b)."""
+    gen = torch.Generator().manual_seed(0)
+    dim, b, big, draws = 40, 4, 64, 400
+    g_true = torch.full((dim,), 0.5, dtype=torch.float64)          # |G|^2 = 10
+    sd = torch.linspace(0.5, 2.0, dim, dtype=torch.float64)        # tr(Sigma) = sum(sd^2)
+    small_sqs, big_sqs = [], []
+    for _ in range(draws):
+        samples = g_true + sd * torch.randn(big, dim, generator=gen, dtype=torch.float64)
+        batches = samples.reshape(big // b, b, dim).mean(1)
+        small_sqs.append(float((batches ** 2).sum(1).mean()))
+        big_sqs.append(float(batches.mean(0).pow(2).sum()))
+    est = noise_scale.estimate(sum(small_sqs) / draws, sum(big_sqs) / draws, b, big)
+    trace = float((sd ** 2).sum())
+    assert est.grad_sq == pytest.approx(10.0, rel=0.05)
+    assert est.trace == pytest.approx(trace, rel=0.05)
+    assert est.b_simple == pytest.approx(trace / 10.0, rel=0.08)
+    se = noise_scale.jackknife(small_sqs, big_sqs, b, big)
+    assert 0 < se < 0.08 * est.b_simple
+    # the naive ratio at one batch size is not the noise scale: the estimator is not trivial
+    assert abs(est.small_sq / est.big_sq - est.b_simple) > 1
+
+
+def test_estimate_refuses_batches_out_of_order() -> None:
+    with pytest.raises(ValueError, match="small < big"):
+        noise_scale.estimate(1.0, 0.5, 8, 8)
+    assert noise_scale.estimate(1.0, 0.4, 4, 8).b_simple == math.inf  # |G|^2 estimated <= 0
+
+
+def test_the_tiny_hybrid_task_has_a_noise_scale(tiny_tri1: Path) -> None:
+    """The initial model, batches of 4 and 32 chunks, 6 draws: finite, positive estimates, and
+    a held-out loss of the untrained model near the uniform guess (ln of the pdfs)."""
+    overrides = [f"exp_dir={tiny_tri1}", *small.overrides("tri1"), *small.overrides("hybrid")]
+    cfg = compose_recipe(REPO / "recipes" / "tiny", overrides)
+    torch.set_num_threads(1)
+    result = noise_scale.measure(cfg, 4, 32, 6)
+    assert result["draws"] == 6 and result["small"] == 4 and result["big"] == 32
+    assert result["grad_sq"] > 0 and result["trace"] > 0
+    assert 0 < result["b_simple"] < math.inf and result["b_simple_se"] > 0
+    assert result["small_sq"] > result["big_sq"]   # a small batch's gradient is the noisier
+    assert abs(result["heldout_loss"] - math.log(result["num_pdfs"])) < 1.0, result
+    with pytest.raises(AsrtrainError, match="multiple of --small"):
+        noise_scale.measure(cfg, 4, 30, 2)
