@@ -67,8 +67,8 @@ smoke: install system-deps
 # test may start 8 learners), each test file whole in one of them (--dist loadfile: a file's
 # module fixtures are built once); tests/conftest.py builds the session experiments once for all
 # of them. Fresh clones on an idle 2-core machine: one process (0) 32 min 41 s (22e73d0); 2
-# workers 19 min 32 s (4406aa8); 3 workers 18 min 35 s (d6f19d8): the suite is CPU-bound, so
-# more than 2 gain little. 0 runs it in this process (pytest's -n 0).
+# workers 19 min 32 s (4406aa8) and 22 min 6 s (f438670); 3 workers 18 min 35 s (d6f19d8): the
+# suite is CPU-bound (~32-36 CPU-min), so more than 2 gain little. 0: one process (-n 0).
 TEST_WORKERS ?= 2
 test: install system-deps
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
