@@ -134,6 +134,12 @@ def sweep(base: list[str], out: Path, b0: dict) -> dict:
                              "heldout_loss"],
                          "losses": losses, "mean": statistics.mean(losses),
                          "sd": statistics.stdev(losses), "tolerates": tolerates(losses, b0)})
+    return {"rows": rows, **decide(rows)}
+
+
+def decide(rows: list[dict]) -> dict:
+    """T_M, the largest batch M tolerates with every smaller one of the grid, and the verdict
+    (docs/science.md): supported if AD-PSGD's is larger than SSGD's, refuted if smaller."""
     largest = {}
     for backend in ("ssgd", "adpsgd"):
         largest[backend] = 0
@@ -144,7 +150,7 @@ def sweep(base: list[str], out: Path, b0: dict) -> dict:
             largest[backend] = row["global_batch"]
     verdict = ("supported" if largest["adpsgd"] > largest["ssgd"] else
                "refuted" if largest["adpsgd"] < largest["ssgd"] else "inconclusive")
-    return {"rows": rows, "largest_tolerated": largest, "verdict": verdict}
+    return {"largest_tolerated": largest, "verdict": verdict}
 
 
 def main(argv: list[str] | None = None) -> None:

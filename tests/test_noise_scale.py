@@ -1,6 +1,6 @@
 """bench/noise_scale.py: the estimator recovers a known gradient noise scale from sampled
 gradients, and the tool measures the tiny hybrid task (the session's tiny_tri1 exp dir) in this
-process."""
+process; bench/batch_tolerance.py's decision rule (docs/science.md) on known figures."""
 
 from __future__ import annotations
 
@@ -62,3 +62,26 @@ def test_the_tiny_hybrid_task_has_a_noise_scale(tiny_tri1: Path) -> None:
     assert abs(result["heldout_loss"] - math.log(result["num_pdfs"])) < 1.0, result
     with pytest.raises(AsrtrainError, match="multiple of --small"):
         noise_scale.measure(cfg, 4, 30, 2)
+
+
+def test_the_batch_tolerance_rule_and_verdict() -> None:
+    """bench/batch_tolerance.py's rule as docs/science.md states it: within max(2 se of the
+    difference of means, 2% of the baseline); T_M stops at the first batch not tolerated."""
+    import batch_tolerance as bt
+
+    base = {"losses": [1.00, 1.02, 0.98], "mean": 1.0, "sd": 0.02}
+    assert bt.tolerates([1.015, 1.02, 1.025], base)         # +2%: the relative margin
+    assert not bt.tolerates([1.05, 1.05, 1.06], base)       # beyond both margins
+    noisy = [0.9, 1.2, 1.05]                                # mean 1.05, a large spread
+    assert bt.tolerates(noisy, base)                        # within 2 se of the difference
+
+    def rows(ssgd: list[bool], adpsgd: list[bool]) -> list[dict]:
+        return [{"backend": b, "global_batch": g, "tolerates": t}
+                for b, ts in (("ssgd", ssgd), ("adpsgd", adpsgd))
+                for g, t in zip((128, 512, 2048), ts, strict=True)]
+
+    assert bt.decide(rows([True, False, False], [True, True, False])) == {
+        "largest_tolerated": {"ssgd": 128, "adpsgd": 512}, "verdict": "supported"}
+    assert bt.decide(rows([True, True, True], [True, False, True]))["verdict"] == "refuted"
+    assert bt.decide(rows([False, True, True], [False, True, True])) == {
+        "largest_tolerated": {"ssgd": 0, "adpsgd": 0}, "verdict": "inconclusive"}
