@@ -7,7 +7,9 @@
 - ``baseline``: one learner at a batch of 32 chunks, the LR grid with seed 1, then seeds 2 and 3
   at the chosen LR; the noise scale after the chosen run's first epoch gives B_noise;
 - ``sweep``: 16 simulated learners, SSGD and AD-PSGD (randomized ring) at B_noise x {1, 4, 16},
-  both LR scalings with seed 1, then seeds 2 and 3 with the better; the verdict by the rule.
+  both LR scalings with seed 1, then seeds 2 and 3 with the better; the verdict by the rule;
+- ``real``: the deciding batch (:func:`deciding_batch`) with 8 real gloo learners, both
+  methods, seeds 1 and 2, at the simulated point's LR.
 
 Every run is the simulator (asrtrain.simulate) on bench/science.py's scaled corpus and small
 hybrid BLSTM, with SGD and momentum 0.9 and the recipe's warm-up and annealing; one JSON a run
@@ -35,6 +37,7 @@ BASE_BATCH = 32
 LR_GRID = (0.05, 0.1, 0.2, 0.4)
 SEEDS = (1, 2, 3)
 LEARNERS = 16
+REAL_LEARNERS = 8
 MULTIPLES = (1, 4, 16)
 SCALINGS = {"sqrt": math.sqrt, "linear": lambda k: k}
 NOISE = {"small": 8, "big": 256, "draws": 16}
@@ -153,11 +156,88 @@ def decide(rows: list[dict]) -> dict:
     return {"largest_tolerated": largest, "verdict": verdict}
 
 
+def deciding_batch(sweep_result: dict) -> int:
+    """The smallest batch of the grid that one method tolerates and the other does not; the
+    largest of the grid if there is none."""
+    by = {(r["backend"], r["global_batch"]): r["tolerates"] for r in sweep_result["rows"]}
+    batches = sorted({b for _, b in by})
+    split = [b for b in batches if by[("ssgd", b)] != by[("adpsgd", b)]]
+    return split[0] if split else batches[-1]
+
+
+def real(base: list[str], out: Path, sweep_result: dict, exp: Path) -> dict:
+    """Both methods at the deciding batch with REAL_LEARNERS real gloo learners (``asrtrain
+    run ... --stage train_hybrid``), at the simulated point's kept LR, seeds 1 and 2."""
+    import subprocess
+
+    batch = deciding_batch(sweep_result)
+    rows = []
+    for backend in ("ssgd", "adpsgd"):
+        point = next(r for r in sweep_result["rows"]
+                     if r["backend"] == backend and r["global_batch"] == batch)
+        for seed in SEEDS[:2]:
+            tag = f"real_{backend}_B{batch}_s{seed}"
+            path = out / "runs" / f"{tag}.json"
+            if path.is_file():
+                rows.append(json.loads(path.read_text()))
+                continue
+            name = f"bt_{tag}"
+            overrides = [*base, *science.TINY_MODEL, f"hybrid.model.name={name}",
+                         f"hybrid.trainer.epochs={EPOCHS}",
+                         f"hybrid.trainer.batch_chunks={batch // REAL_LEARNERS}",
+                         "trainer.optimizer=sgd", f"hybrid.trainer.lr={point['lr']:.6g}",
+                         f"trainer.seed={seed}", f"trainer.backend={backend}",
+                         f"trainer.learners={REAL_LEARNERS}", "trainer.topology=random_ring",
+                         "trainer.threads=1"]
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run",
+                                   str(science.RECIPE), *overrides, "--stage", "train_hybrid",
+                                   "--to", "train_hybrid", "--force", "train_hybrid"],
+                                  cwd=science.REPO, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"batch_tolerance: real run {tag} failed:\n"
+                                 f"{proc.stderr[-3000:]}")
+            final = torch.load(exp / "train" / name / "final.pt", map_location="cpu",
+                               weights_only=False)
+            row = {"tag": tag, "backend": backend, "global_batch": batch, "seed": seed,
+                   "learners": REAL_LEARNERS, "lr": point["lr"], "scaling": point["scaling"],
+                   "heldout_loss": float(final["metrics"]["dev_loss"]),
+                   "simulated_mean": point["mean"], "wall_s": time.perf_counter() - start}
+            write_text(path, json.dumps(row, indent=1) + "\n")
+            print(f"{tag}: held-out {row['heldout_loss']:.4f} ({row['wall_s']:.0f} s)",
+                  flush=True)
+            rows.append(row)
+    mean = {b: statistics.mean(r["heldout_loss"] for r in rows if r["backend"] == b)
+            for b in ("ssgd", "adpsgd")}
+    sim = {r["backend"]: r["mean"] for r in sweep_result["rows"] if r["global_batch"] == batch}
+    agrees = (mean["adpsgd"] < mean["ssgd"]) == (sim["adpsgd"] < sim["ssgd"])
+    return {"global_batch": batch, "rows": rows, "mean": mean, "simulated_mean": sim,
+            "same_order_as_simulated": agrees}
+
+
+def table(summary: dict) -> str:
+    """docs/science.md's table of the rescaled sweep, from the summary JSON."""
+    b0 = summary["baseline"]
+    lines = ["| run | global batch (chunks) | LR scaling kept (other's seed-1 loss) | LR | "
+             "held-out loss, seeds 1 / 2 / 3 | mean ± sd | tolerates |",
+             "|---|---|---|---|---|---|---|",
+             f"| one learner (baseline) | {summary['base_batch']} | — | {b0['lr']:g} | "
+             + " / ".join(f"{v:.4f}" for v in b0["losses"])
+             + f" | {b0['mean']:.4f} ± {b0['sd']:.4f} | — |"]
+    for r in summary.get("sweep", {}).get("rows", []):
+        lines.append(f"| {r['backend']} x {summary['learners']} | {r['global_batch']:,} | "
+                     f"{r['scaling']} ({r['other_scaling_loss']:.4f}) | {r['lr']:.4g} | "
+                     + " / ".join(f"{v:.4f}" for v in r["losses"])
+                     + f" | {r['mean']:.4f} ± {r['sd']:.4f} | "
+                     f"{'yes' if r['tolerates'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=4.0)
-    ap.add_argument("--steps", nargs="+", choices=("noise", "baseline", "sweep"),
-                    default=["noise", "baseline", "sweep"])
+    ap.add_argument("--steps", nargs="+", choices=("noise", "baseline", "sweep", "real"),
+                    default=["noise", "baseline", "sweep", "real"])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -170,11 +250,14 @@ def main(argv: list[str] | None = None) -> None:
         summary["noise_init"] = noise_at(base, args.out, "init", None)["b_simple"]
     if "baseline" in args.steps or "sweep" in args.steps:
         summary["baseline"] = baseline(base, args.out)
-    if "sweep" in args.steps:
+    if "sweep" in args.steps or "real" in args.steps:
         summary["sweep"] = sweep(base, args.out, summary["baseline"])
+    if "real" in args.steps:
+        summary["real"] = real(base, args.out, summary["sweep"], exp)
     args.out.mkdir(parents=True, exist_ok=True)
     write_text(summary_path, json.dumps(summary, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "sweep"}, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("sweep", "real")}, indent=1))
+    print(table(summary))
     if "sweep" in summary:
         print(f"claim (a): {summary['sweep']['verdict']} (largest tolerated batch "
               f"{summary['sweep']['largest_tolerated']})")

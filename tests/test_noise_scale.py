@@ -4,6 +4,7 @@ process; bench/batch_tolerance.py's decision rule (docs/science.md) on known fig
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -85,3 +86,27 @@ def test_the_batch_tolerance_rule_and_verdict() -> None:
     assert bt.decide(rows([True, True, True], [True, False, True]))["verdict"] == "refuted"
     assert bt.decide(rows([False, True, True], [False, True, True])) == {
         "largest_tolerated": {"ssgd": 0, "adpsgd": 0}, "verdict": "inconclusive"}
+
+
+def test_claim_a_table_and_verdict_are_the_committed_json() -> None:
+    """docs/science.md's table of the rescaled sweep is bench/batch_tolerance.py's table of the
+    committed summary, and every 'tolerates' and the verdict in it are the rule's on its
+    losses."""
+    import batch_tolerance as bt
+
+    committed = json.loads((REPO / "docs" / "science" / "batch_tolerance.json").read_text())
+    text = (REPO / "docs" / "science.md").read_text()
+    start = text.index("### (a) at this task's scale, measured")
+    rows = []
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    assert rows == bt.table(committed).splitlines()
+    base, sweep = committed["baseline"], committed["sweep"]
+    assert base["lr"] == float(min(base["lr_grid"], key=base["lr_grid"].get))
+    for row in sweep["rows"]:
+        assert row["tolerates"] == bt.tolerates(row["losses"], base), row
+    assert bt.decide(sweep["rows"]) == {k: sweep[k] for k in ("largest_tolerated", "verdict")}
+    assert committed["real"]["global_batch"] == bt.deciding_batch(sweep)
