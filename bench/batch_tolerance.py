@@ -114,10 +114,10 @@ def tolerates(losses: list[float], base: dict) -> bool:
     return statistics.mean(losses) <= base["mean"] + max(2 * se, 0.02 * base["mean"])
 
 
-def sweep(base: list[str], out: Path, b0: dict) -> dict:
+def sweep(base: list[str], out: Path, b0: dict, multiples=MULTIPLES) -> dict:
     rows = []
-    for k in MULTIPLES:
-        batch = b0["b_noise"] * k
+    for k in multiples:
+        batch = round(b0["b_noise"] * k)
         if batch % LEARNERS:
             raise SystemExit(f"global batch {batch} is not a multiple of {LEARNERS} learners")
         for backend in ("ssgd", "adpsgd"):
@@ -239,19 +239,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", nargs="+", choices=("noise", "baseline", "sweep", "real"),
                     default=["noise", "baseline", "sweep", "real"])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--multiples", type=float, nargs="+", default=list(MULTIPLES),
+                    help="the sweep's batches as multiples of B_noise (default: the plan's)")
+    ap.add_argument("--summary", default="batch_tolerance.json",
+                    help="the summary's file name in --out (another grid: another name; the "
+                         "runs are shared)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     exp = science.SCIENCE_DIR / f"exp-{args.hours:g}h"
     base = science.ensure_exp(exp, science.corpus_overrides(args.hours, science.SCIENCE_DIR))
-    summary_path = args.out / "batch_tolerance.json"
+    summary_path = args.out / args.summary
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    summary.update(hours=args.hours, epochs=EPOCHS, base_batch=BASE_BATCH, learners=LEARNERS)
+    summary.update(hours=args.hours, epochs=EPOCHS, base_batch=BASE_BATCH, learners=LEARNERS,
+                   multiples=args.multiples)
     if "noise" in args.steps:
         summary["noise_init"] = noise_at(base, args.out, "init", None)["b_simple"]
     if "baseline" in args.steps or "sweep" in args.steps:
         summary["baseline"] = baseline(base, args.out)
     if "sweep" in args.steps or "real" in args.steps:
-        summary["sweep"] = sweep(base, args.out, summary["baseline"])
+        summary["sweep"] = sweep(base, args.out, summary["baseline"], args.multiples)
     if "real" in args.steps:
         summary["real"] = real(base, args.out, summary["sweep"], exp)
     args.out.mkdir(parents=True, exist_ok=True)
