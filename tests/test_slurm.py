@@ -16,6 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 
@@ -206,9 +207,7 @@ def test_where_jobs_run_is_in_no_stage_digest(recipe):
 
 # ------------------------------------------------------------------------ the tiny recipe
 def asrtrain(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = forked_cli.run(*args, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return proc
@@ -270,18 +269,43 @@ def align_small() -> list[str]:
 def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tiny_tri1, tmp_path):
     """The session's local run of the small GMM passes (conftest's tiny_tri1) against the same
     align stage on SLURM, from a copy of its inputs (a moved exp dir: its tables are rewritten),
-    so that only the align stage runs there (the features test checks the data stages' jobs)."""
+    so that only the align stage runs there (the features test checks the data stages' jobs).
+
+    The copy keeps the local mono pass (its dir and its step record, ``align/mono/.done``, with
+    the stage's generation): the stage resumes at tri1 as a run killed there would, so SLURM runs
+    tri1's every job kind (tree statistics, iterations, realignment, final alignment) and the dev
+    set's alignment, about half the array tasks of the two passes (each a fresh interpreter that
+    imports torch).  Mono's own job kinds, the global mean and variance and the equal alignment
+    (``setup_job`` with moments only, ``iter_job`` with ``align="equal"``), therefore go through
+    SLURM in no test; they are the same job functions, run by the same ``run_jobs``, as tri1's."""
     local, slurm = tiny_tri1, tmp_path / "slurm"
     stages = "stages=[prepare,lang,features,lm,mfcc,align]"    # tiny_tri1's
+    # everything but the align stage's record and outputs; then its finished mono pass
     shutil.copytree(local, slurm, symlinks=True, ignore=shutil.ignore_patterns("align"))
+    shutil.copytree(local / "align" / "mono", slurm / "align" / "mono", symlinks=True)
     assert not (slurm / ".done" / "align").exists()
+    assert (slurm / "align" / "mono" / ".done").is_file()
+    assert not (slurm / "log" / "slurm").exists(), "the local run left SLURM logs"
+    # mono's files as copied (but the scps, which name the exp dir and are rewritten to its
+    # new place): a mono pass trained again writes them anew
+    mono = {p: (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in (slurm / "align" / "mono").iterdir() if p.suffix != ".scp"}
+    assert {"final.mdl", "ali.ark", ".done"} <= {p.name for p in mono}
     out = asrtrain("run", "recipes/tiny", f"exp_dir={slurm}", "nj=2", stages, *align_small(),
                    *SLURM)
     assert re.findall(r"stage (\w+) +starts:", out.stderr) == ["align"], out.stderr[-3000:]
-    align_logs = [p for p in (slurm / "log" / "slurm").rglob("*_log.out")
-                  if "mfcc" not in p.parent.name]
+    assert "align mono: done already" in out.stderr, out.stderr[-3000:]
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in mono} == mono, \
+        "the mono pass was trained again"
+    align_logs = list((slurm / "log" / "slurm").rglob("*_log.out"))
     assert align_logs, ("the align stage ran no job through SLURM (its jobs do not go through "
                         f"asrtrain.jobs.run_jobs yet):\n{out.stderr[-3000:]}")
+    # one SLURM log dir a job (an array): tri1's job kinds, the dev set's alignment, no mono's
+    kinds = {re.sub(r"-\d+", "-N", p.parent.name) for p in align_logs}
+    assert {"tri1-tree-statistics", "tri1-iter-N", "tri1-iter-N-align",
+            "tri1-final-alignment"} <= kinds, kinds
+    assert any(k.startswith("align-tri1-") for k in kinds), kinds
+    assert not [k for k in kinds if "mono" in k], kinds
     # the models, trees and alignments; not the timings (log.txt, passes.json) nor the step
     # keys (.done: each exp dir's stages have digests of their own generation)
     assert {"final.mdl", "tree.txt", "ali.ark"} <= {p.name for p in (slurm / "align").rglob("*")}
