@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import soundfile
@@ -326,16 +327,13 @@ def tiny_tri1(tmp_path_factory: pytest.TempPathFactory) -> Path:
     once a session through the CLI. Read-only: a test that adds to it or changes it copies it
     first (``shutil.copytree(tiny_tri1, dest, symlinks=True)``: a moved exp dir is rewritten to
     its new place on its next run)."""
-    import subprocess
 
     import small  # bench/small.py
 
     def build() -> Path:
         exp = shared_dir(tmp_path_factory, "tiny_tri1") / "exp"
-        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                               f"exp_dir={exp}", GMM_STAGES, *small.overrides("tri1"), "nj=2"],
-                              cwd=REPO, capture_output=True, text=True, timeout=1800,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = forked_cli.run("run", "recipes/tiny", f"exp_dir={exp}", GMM_STAGES,
+                              *small.overrides("tri1"), "nj=2", timeout=1800)
         assert proc.returncode == 0, proc.stderr[-4000:]
         # beside the exp dir, not in it (copies leave it behind): what the GMM passes printed
         (exp.parent / "run.stderr").write_text(proc.stderr)
@@ -366,16 +364,13 @@ def tiny_trained(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     ``run``, less ``exp_dir``, "stderr": its output, "gmm_stderr": tiny_tri1's run's, the data
     stages' and GMM passes'}``. Read-only: a test that runs anything in
     it works on a copy (``copy_exp``), and passes the same ``args`` to find nothing to do."""
-    import subprocess
 
     import small  # bench/small.py
 
     def build() -> dict:
         exp = copy_exp(tiny_tri1, shared_dir(tmp_path_factory, "tiny_trained") / "exp")
         args = ["recipes/tiny", *small.overrides(*TRAINED_SETS)]
-        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *args,
-                               f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
-                              timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = forked_cli.run("run", *args, f"exp_dir={exp}", timeout=1800)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return {"exp": exp, "args": args, "stderr": proc.stderr,
                 "gmm_stderr": (tiny_tri1.parent / "run.stderr").read_text()}
@@ -403,6 +398,7 @@ def tiny_shipped(tmp_path_factory: pytest.TempPathFactory) -> dict:
     def build() -> dict:
         exp = shared_dir(tmp_path_factory, "tiny_shipped") / "exp"
         args = ["recipes/tiny", *small.overrides(*SHIPPED_SETS)]
+        # a process of its own, not forked_cli's: a forked one keeps its fork server's hash seed
         proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *args,
                                f"exp_dir={exp}"], cwd=REPO, capture_output=True, text=True,
                               timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import kaldiio
 import numpy as np
 import pytest
@@ -38,8 +38,7 @@ SETS = ("train_nodup", "train_dev", "eval2000")
 SAT_SMALL = small.overrides("sat_decoded")
 
 def asrtrain(*args: str, ok: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = forked_cli.run(*args, timeout=timeout)
     if ok and proc.returncode != 0:
         raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return proc

@@ -10,15 +10,14 @@ they were. The warning cases must run (exit 0) and say what is wrong in one warn
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import soundfile
@@ -34,9 +33,7 @@ EVAL_STM = "LDC2002T43/reference/hub5e00.english.000405.stm"
 
 
 def asrtrain(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return forked_cli.run(*args, timeout=600)
 
 
 def snapshot(root: Path) -> dict[str, str]:

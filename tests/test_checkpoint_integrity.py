@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from conftest import copy_exp
-from test_e2e import REPO, SMALL, asrtrain
+from test_e2e import SMALL, asrtrain
 from test_train_single import build_exp, make_cfg
 
 from asrtrain import AsrtrainError
@@ -253,9 +253,8 @@ def test_a_stage_reading_a_damaged_model_outside_the_range_names_it(recipe: list
     data = final.read_bytes()
     truncate(final)
     try:
-        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *recipe, "--stage",
-                               "decode", "--to", "decode"], cwd=REPO, capture_output=True,
-                              text=True, timeout=300)
+        proc = forked_cli.run("run", *recipe, "--stage",
+                              "decode", "--to", "decode", timeout=300)
     finally:
         final.write_bytes(data)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

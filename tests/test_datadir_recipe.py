@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from omegaconf import OmegaConf
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL
@@ -38,9 +38,7 @@ ALL_STAGES = [s for s in STAGE_ORDER if s != "ivectors"]
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", str(RECIPE), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return forked_cli.run("run", str(RECIPE), *args, timeout=timeout)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
@@ -28,9 +27,7 @@ WER_LINE = re.compile(r"^eval2000 (all|swbd|callhm): WER (\d+\.\d+)% \[ (\d+) / 
 
 
 def asrtrain(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = forked_cli.run(*args, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return proc
@@ -90,9 +87,8 @@ def test_tiny_recipe_trains_with_four_learners(exp: Path, backend: str, extra: l
 
 
 def test_bad_corpus_path_is_one_clear_error(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={tmp_path / 'exp'}", f"corpus.root={tmp_path / 'nowhere'}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = forked_cli.run("run", "recipes/tiny", f"exp_dir={tmp_path / 'exp'}",
+                          f"corpus.root={tmp_path / 'nowhere'}", timeout=120)
     assert proc.returncode == 1
     assert f"asrtrain: error: {tmp_path / 'nowhere'}" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import copy_exp
 from test_e2e import REPO, SMALL
@@ -33,9 +34,8 @@ def featured(tiny_tri1: Path, tmp_path_factory) -> Path:
     """An experiment with everything the CTC training reads (prepare, lang, features): a copy
     of conftest's tiny_tri1 (its GMM passes unused here), found done up to features."""
     exp = copy_exp(tiny_tri1, tmp_path_factory.mktemp("faults") / "exp")
-    out = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                          f"exp_dir={exp}", *SMALL, "--to", "features"], cwd=REPO,
-                         capture_output=True, text=True, timeout=HANG_GUARD)
+    out = forked_cli.run("run", "recipes/tiny",
+                         f"exp_dir={exp}", *SMALL, "--to", "features", timeout=HANG_GUARD)
     assert out.returncode == 0 and "nothing to do" in out.stderr, out.stderr[-3000:]
     return exp
 

@@ -1,9 +1,9 @@
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import kaldiio
 import numpy as np
 import pytest
@@ -144,8 +144,7 @@ def test_a_pass_of_other_audio_is_not_reused(datadir: Path, tmp_path: Path) -> N
 
 
 def _asrtrain(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = forked_cli.run("run", "recipes/tiny", *args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

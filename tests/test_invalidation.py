@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import copy_exp
 from test_e2e import REPO, asrtrain
@@ -254,9 +255,8 @@ def test_launch_settings_rerun_nothing_and_more_epochs_only_training(done: list[
 
 
 def test_a_stale_input_outside_the_range_is_one_clear_error(done: list[str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *done,
-                           "features.num_mel_bins=30", "--stage", "train"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run("run", *done,
+                          "features.num_mel_bins=30", "--stage", "train", timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert ("stage train reads features, which is not up to date (config changed: "
             "features.num_mel_bins: 40 -> 30)") in proc.stderr
@@ -309,8 +309,7 @@ def test_a_bad_trainer_value_is_refused_before_anything_moves(done: list[str]) -
     exp = _exp(done)
     before = sorted(p.name for p in (exp / "train").iterdir())
     final = (exp / "train" / "blstm_tiny" / "final.pt").read_bytes()
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", *done, "trainer.lr=-1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run("run", *done, "trainer.lr=-1", timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "trainer.lr" in proc.stderr and "starts" not in proc.stderr
     assert sorted(p.name for p in (exp / "train").iterdir()) == before

@@ -12,13 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import kaldiio
 import numpy as np
 import pytest
 import torch
 from conftest import copy_exp
 from omegaconf import OmegaConf
-from test_e2e import REPO, SMALL, asrtrain
+from test_e2e import SMALL, asrtrain
 
 from asrtrain.adapt import ivector_sets as iv
 from asrtrain.adapt.ivector import (
@@ -48,9 +49,8 @@ def run(exp: Path, *args: str) -> subprocess.CompletedProcess:
 
 def fails(exp: Path, *args: str) -> str:
     """The run's one error line (exit 1, no traceback)."""
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", *SMALL, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = forked_cli.run("run", "recipes/tiny",
+                          f"exp_dir={exp}", *SMALL, *args, timeout=900)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]

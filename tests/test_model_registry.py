@@ -11,10 +11,10 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -128,8 +128,7 @@ def asrtrain(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
                                                        os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, env=env)
+    return forked_cli.run(*args, timeout=900, env=env)
 
 
 # The tiny recipe cut to what the two systems need: a monophone GMM's alignments for the hybrid

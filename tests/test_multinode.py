@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked_cli
 import pytest
 import small  # bench/small.py (conftest puts bench/ on the path)
 import torch
@@ -143,11 +144,8 @@ def _finish(procs: list[subprocess.Popen], guard: float = HANG_GUARD) -> list[st
 
 def _one_agent(exp: Path, *args: str) -> str:
     """The same 4 learners in one agent (one node, no namespace)."""
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", STAGES, *SMALL, "trainer.learners=4", *args],
-                          cwd=REPO,
-                          capture_output=True, text=True, timeout=HANG_GUARD * 2,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = forked_cli.run("run", "recipes/tiny", f"exp_dir={exp}", STAGES, *SMALL,
+                          "trainer.learners=4", *args, timeout=HANG_GUARD * 2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stderr
 
@@ -303,11 +301,10 @@ def test_the_node_of_a_run_is_its_training_stages_node_rank() -> None:
 
 def test_node_k_dry_run_says_what_it_would_do_and_touches_nothing(tmp_path: Path) -> None:
     exp = tmp_path / "exp"
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", STAGES, *SMALL, "trainer.nnodes=2",
-                           "trainer.node_rank=1", "trainer.rdzv_endpoint=node0:29500",
-                           "trainer.learners=2", "--dry-run"], cwd=REPO, capture_output=True,
-                          text=True, timeout=HANG_GUARD)
+    proc = forked_cli.run("run", "recipes/tiny",
+                          f"exp_dir={exp}", STAGES, *SMALL, "trainer.nnodes=2",
+                          "trainer.node_rank=1", "trainer.rdzv_endpoint=node0:29500",
+                          "trainer.learners=2", "--dry-run", timeout=HANG_GUARD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
     assert lines["prepare"] == "node 0's"

@@ -7,9 +7,9 @@ tiny corpus; changing the subset reruns that pass and those after it only."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 from asrtrain import AsrtrainError
@@ -123,8 +123,7 @@ SMALL = ["nj=2", "align.decode=false", "~align.passes.tri2", "~align.passes.tri3
 
 
 def asrtrain(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = forked_cli.run(*args, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return proc
@@ -183,10 +182,9 @@ def test_passes_train_on_their_subsets_and_a_change_reruns_from_that_pass(
 
 
 def test_the_last_pass_trains_on_all_of_the_training_set(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={tmp_path / 'exp'}", "--dry-run", *SMALL,
-                           "++align.passes.tri1b.data=[{first:10}]"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run("run", "recipes/tiny",
+                          f"exp_dir={tmp_path / 'exp'}", "--dry-run", *SMALL,
+                          "++align.passes.tri1b.data=[{first:10}]", timeout=300)
     assert proc.returncode != 0
     assert "align.passes.tri1b.data: the last pass trains on all of sets.train" in proc.stderr
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -60,9 +61,7 @@ def onednn_cap_breaks_bf16_lstm() -> bool:
 
 
 def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=300)
+    return forked_cli.run(*args, timeout=300, env={**os.environ, **(env or {})})
 
 
 def assert_one_line_refusal(proc: subprocess.CompletedProcess, pattern: re.Pattern) -> None:
@@ -100,9 +99,9 @@ def test_bad_precision_names_the_key(value) -> None:
 
 
 def test_bad_precision_is_one_cli_error_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={tmp_path / 'exp'}", "trainer.precision=fp16",
-                           "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run("run", "recipes/tiny",
+                          f"exp_dir={tmp_path / 'exp'}", "trainer.precision=fp16",
+                          "--dry-run", timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "asrtrain: error: trainer.precision='fp16': expected one of fp32, bf16")

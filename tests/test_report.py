@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import copy_exp
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL, asrtrain
@@ -160,9 +159,7 @@ def test_report_command_on_a_recipe_or_an_exp_dir(tiny: dict, tmp_path: Path) ->
 def test_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli",
-                           *(a.format(empty=empty) for a in args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run(*(a.format(empty=empty) for a in args), timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.startswith("asrtrain: error: ") and "Traceback" not in proc.stderr
     assert message.format(empty=empty) in proc.stderr

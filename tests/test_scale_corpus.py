@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import soundfile as sf
 
@@ -70,11 +71,9 @@ def test_prepare_stage_reads_it_with_the_expected_segments_and_hours(corpus: Pat
                                                                       tmp_path: Path) -> None:
     m = manifest(corpus)
     exp = tmp_path / "exp"
-    proc = subprocess.run(
-        [sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", f"exp_dir={exp}",
-         f"corpus.root={corpus}", f"corpus.expected_test_sides={m['test']['sides']}",
-         "corpus.dev_utts=5", "--to", "prepare"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = forked_cli.run("run", "recipes/tiny", f"exp_dir={exp}", f"corpus.root={corpus}",
+                          f"corpus.expected_test_sides={m['test']['sides']}",
+                          "corpus.dev_utts=5", "--to", "prepare", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     train = (exp / "data" / "train" / "segments").read_text().splitlines()
     test = (exp / "data" / "eval2000" / "segments").read_text().splitlines()

@@ -6,10 +6,9 @@ by name only by the stage that needs it."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from omegaconf import OmegaConf
 
@@ -103,9 +102,8 @@ def test_sets_one_test_name_is_a_list_and_train_and_dev_are_needed() -> None:
 
 
 def test_an_unknown_corpus_key_stops_the_cli_before_any_stage(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={tmp_path / 'exp'}", "+corpus.dev_uts=3", "--dry-run"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run("run", "recipes/tiny", f"exp_dir={tmp_path / 'exp'}",
+                          "+corpus.dev_uts=3", "--dry-run", timeout=300)
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "corpus.dev_uts: unknown setting; known: dev_utts," in lines[0], \

@@ -5,10 +5,9 @@ equal to the YAML groups of conf/; unknown keys and wrong types refused in one l
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from omegaconf import OmegaConf
 
@@ -165,9 +164,8 @@ def test_an_unknown_key_on_the_command_line_is_one_line(tmp_path: Path) -> None:
     check of an added one say the same line."""
     for override in ("features.bogus=1", "+features.bogus=1", "+mfcc.bogus=1",
                      "+align.bogus=1"):
-        proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                               f"exp_dir={tmp_path / 'exp'}", override, "--dry-run"],
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        proc = forked_cli.run("run", "recipes/tiny",
+                              f"exp_dir={tmp_path / 'exp'}", override, "--dry-run", timeout=300)
         section = override.lstrip("+").split(".")[0]
         assert proc.returncode == 1, proc.stderr
         lines = proc.stderr.strip().splitlines()

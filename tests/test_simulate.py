@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import science  # bench/science.py
@@ -327,8 +327,7 @@ SSGD_RUN = [*TINY_HYBRID, "hybrid.trainer.batch_chunks=16", "hybrid.trainer.epoc
 
 
 def asrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return forked_cli.run(*args, timeout=timeout)
 
 
 CTC_RUN = ["model.layers=1", "model.cells=32", "model.bottleneck=16", "trainer.epochs=2",
@@ -369,23 +368,19 @@ def test_simulated_ssgd_equals_the_real_trainer(exp: tuple[Path, list[str]], tmp
 @pytest.mark.timeout(600)
 def test_simulate_command_on_the_hybrid_task(exp: tuple[Path, list[str]], tmp_path: Path) -> None:
     out = tmp_path / "traj.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", *exp[1],
-         *TINY_HYBRID, "hybrid.trainer.batch_chunks=8", "hybrid.trainer.epochs=1",
-         "trainer.topology=ring",
-         "--learners", "16", "--backend", "adpsgd", "--speed", "straggler:1:4",
-         "--log-every", "5", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = forked_cli.run("simulate", "recipes/tiny", *exp[1],
+                          *TINY_HYBRID, "hybrid.trainer.batch_chunks=8", "hybrid.trainer.epochs=1",
+                          "trainer.topology=ring",
+                          "--learners", "16", "--backend", "adpsgd", "--speed", "straggler:1:4",
+                          "--log-every", "5", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     traj = json.loads(out.read_text())
     assert traj["config"]["learners"] == 16 and traj["config"]["topology"] == "ring"
     assert len(traj["epochs"]) == 1 and np.isfinite(traj["epochs"][0]["heldout_loss"])
     assert traj["points"] and all(p["distance"] >= 0 for p in traj["points"])
     assert (out.parent / "traj.pt").is_file()
-    bad = subprocess.run(
-        [sys.executable, "-m", "asrtrain.cli", "simulate", "recipes/tiny", *exp[1],
-         "--learners", "6", "--backend", "hadpsgd", "--per-node", "4", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+    bad = forked_cli.run("simulate", "recipes/tiny", *exp[1], "--learners", "6", "--backend",
+                         "hadpsgd", "--per-node", "4", "--out", str(out), timeout=300)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1].startswith("asrtrain: error: simulate: per_node=4")
 

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import straggler  # bench/straggler.py (conftest puts bench/ on the path)
@@ -124,9 +125,8 @@ def exp(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny recipe up to its features: a copy of conftest's tiny_tri1 (its GMM passes
     unused here), found done up to features."""
     exp = copy_exp(tiny_tri1, tmp_path_factory.mktemp("tiny") / "exp")
-    prep = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", "--to", "features", *COMMON], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    prep = forked_cli.run("run", "recipes/tiny",
+                          f"exp_dir={exp}", "--to", "features", *COMMON, timeout=300)
     assert prep.returncode == 0 and "nothing to do" in prep.stderr, prep.stderr[-3000:]
     return exp
 

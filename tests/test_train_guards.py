@@ -20,6 +20,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+import forked_cli
 import pytest
 from conftest import copy_exp
 from test_e2e import ALIGN_SMALL, HYBRID_SMALL, REPO, SMALL
@@ -41,8 +42,7 @@ def command(exp: Path, *extra: str) -> list[str]:
 
 
 def run(exp: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(command(exp, *extra), cwd=REPO, capture_output=True, text=True,
-                          timeout=HANG_GUARD)
+    return forked_cli.run("run", *recipe_args(exp), *extra, timeout=HANG_GUARD)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from omegaconf import OmegaConf
 
@@ -104,9 +105,8 @@ def test_checking_a_config_imports_no_torch() -> None:
 def test_the_cli_refuses_a_bad_trainer_setting_in_one_line(tmp_path: Path, override: str,
                                                            named: str) -> None:
     exp = tmp_path / "exp"
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                           f"exp_dir={exp}", override], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = forked_cli.run("run", "recipes/tiny",
+                          f"exp_dir={exp}", override, timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

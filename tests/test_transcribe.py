@@ -3,12 +3,11 @@ SPHERE files decodes to the words the decode stages wrote for those utterances."
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import soundfile
@@ -23,9 +22,7 @@ CTC_SMALL = [o for o in SMALL if not o.startswith("trainer.epochs=")] + ["traine
 
 def transcribe(*args: str | Path) -> subprocess.CompletedProcess:
     """The real CLI; the caller checks the exit status."""
-    return subprocess.run([sys.executable, "-m", "asrtrain.cli", "transcribe", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return forked_cli.run("transcribe", *map(str, args), timeout=600)
 
 
 def words_by_utt(text: str) -> dict[str, list[str]]:

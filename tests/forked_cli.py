@@ -1,0 +1,138 @@
+"""``python -m asrtrain.cli ARGS`` for the tests, as a process of its own that starts warm.
+
+A test that runs the command for its contract (exit status, the one-line error on stderr, what
+is left on disk) needs a process of its own, but not a fresh interpreter each time: importing
+torch and the stages is ~1.5 CPU-s a process, and the suite ran ~300 such commands. :func:`run`
+forks the command from a fork server (Python's ``multiprocessing`` ``forkserver``): a clean
+interpreter that imported :data:`PRELOAD` once and has run nothing since, so no fork copies a
+thread pool, autograd's threads or pytest's state. The child then looks like
+``python -m asrtrain.cli`` started by :func:`subprocess.run`: its own stdin (``/dev/null``),
+stdout and stderr (files read back whole; unbuffered, ``PYTHONUNBUFFERED=1``, so that its lines
+and its learners' keep their order), environment, working folder, ``sys.argv``, Python's
+default warning filters, torch and BLAS thread counts as a new process would pick them from the
+environment, its exit status (``sys.exit``'s code; 1 and the traceback for an uncaught
+exception; killed by SIGINT for an uncaught Ctrl-C, as Python does), and the atexit handlers and
+non-daemon threads a new interpreter ends with. What it returns is a
+:class:`subprocess.CompletedProcess`, and a run past ``timeout`` is killed and raises
+:class:`subprocess.TimeoutExpired`, as :func:`subprocess.run` does.
+
+Tests that signal or kill a run, or read its output while it runs, start real processes with
+:mod:`subprocess` (tests/test_faults.py, tests/test_console.py, ...), and tests/test_cli.py runs
+the installed console script: those are the contracts this shortcut cannot show. This module is
+a plain module (no pytest), so the fork server imports it without the suite's conftest.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: What every command imports (the CLI, the stage table, torch with what training and its
+#: optimizer step load, the curves' plotting), imported once by the fork server.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "torchaudio",
+           "matplotlib.pyplot", "asrtrain.cli", "asrtrain.stages", "asrtrain.train.trainer",
+           __name__]
+#: Python's own warning filters (``python -W`` none, no ``PYTHONWARNINGS``), first match first.
+DEFAULT_WARNINGS = [("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                    ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                    ("ignore", ResourceWarning, "")]
+
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(PRELOAD)
+
+
+def run(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None,
+        timeout: float | None = 900.0) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=cwd, env=env,
+    capture_output=True, text=True, timeout=timeout)``, started warm (see the module)."""
+    args = [str(a) for a in args]
+    command = [sys.executable, "-m", "asrtrain.cli", *args]
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    if env.get("PYTHONHASHSEED", "random") != "random":
+        raise ValueError("forked_cli.run: a forked process keeps its fork server's hash seed; "
+                         "start one with subprocess for PYTHONHASHSEED")
+    with tempfile.TemporaryDirectory(prefix="asrtrain-cli-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = _context.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)),
+                                name="asrtrain-cli")
+        proc.start()
+        proc.join(timeout)
+        timed_out = proc.is_alive()
+        if timed_out:
+            proc.kill()
+            proc.join()
+        stdout, stderr = (p.read_text(errors="replace") if p.exists() else "" for p in (out, err))
+    if timed_out:
+        raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(command, proc.exitcode, stdout, stderr)
+
+
+def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """In the forked process: become ``python -m asrtrain.cli ARGS`` and end as it would."""
+    import atexit
+    import io
+    import signal
+    import threading
+    import traceback
+    import warnings
+
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                  write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = [str(REPO / "asrtrain" / "cli.py"), *args]
+    warnings.resetwarnings()
+    for action, category, module in reversed(DEFAULT_WARNINGS):
+        warnings.filterwarnings(action, category=category, module=module)
+    _threads_as_started(env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    code: int | str | None = 0
+    try:
+        from asrtrain.cli import main
+
+        main.main(args=args, prog_name="python -m asrtrain.cli")
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT
+    except BaseException:  # noqa: BLE001 - printed as the interpreter prints it
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # the interpreter's own end: non-daemon threads, then atexit
+    atexit._run_exitfuncs()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    if code == -signal.SIGINT:   # Python ends an uncaught Ctrl-C by the signal itself
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code or 0)
+
+
+def _threads_as_started(env: Mapping[str, str]) -> None:
+    """torch's and BLAS's thread counts as a new interpreter would take them from ``env`` (the
+    fork server's came from the environment it started with)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    cores = len(os.sched_getaffinity(0))
+    omp = int(env.get("OMP_NUM_THREADS") or 0) or cores
+    torch.set_num_threads(omp)
+    threadpool_limits(int(env.get("OPENBLAS_NUM_THREADS") or 0) or omp, user_api="blas")
