@@ -16,6 +16,10 @@ Workers: ``make test`` runs the suite in 2 pytest-xdist worker processes (``TEST
 builds under a file lock, the others wait and read the same folders); the espeak corpus and its
 passes once in each worker that uses them.
 They are read-only in every test; a test that changes one works on a copy (:func:`copy_exp`).
+
+Commands: a test that runs ``python -m asrtrain.cli`` for its contract calls
+``forked_cli.run`` (tests/forked_cli.py: a process of its own, forked warm from a fork server);
+tests that signal a run or read it while it runs start real processes with :mod:`subprocess`.
 """
 
 from __future__ import annotations
