@@ -55,9 +55,9 @@ def run(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None
     args = [str(a) for a in args]
     command = [sys.executable, "-m", "asrtrain.cli", *args]
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    if env.get("PYTHONHASHSEED", "random") != "random":
-        raise ValueError("forked_cli.run: a forked process keeps its fork server's hash seed; "
-                         "start one with subprocess for PYTHONHASHSEED")
+    if env.get("PYTHONHASHSEED") != os.environ.get("PYTHONHASHSEED"):
+        raise ValueError("forked_cli.run: a forked process keeps its fork server's hash seed "
+                         "(this process's PYTHONHASHSEED); start one with subprocess for another")
     with tempfile.TemporaryDirectory(prefix="asrtrain-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         proc = _context.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)),
