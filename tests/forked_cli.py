@@ -49,9 +49,10 @@ _context.set_forkserver_preload(PRELOAD)
 
 
 def run(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None,
-        timeout: float | None = 900.0) -> subprocess.CompletedProcess:
+        timeout: float | None = 900.0, check: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, "-m", "asrtrain.cli", *args], cwd=cwd, env=env,
-    capture_output=True, text=True, timeout=timeout)``, started warm (see the module)."""
+    capture_output=True, text=True, timeout=timeout)``, started warm (see the module).
+    ``check``: a non-zero exit status fails the test with the command and its stderr's end."""
     args = [str(a) for a in args]
     command = [sys.executable, "-m", "asrtrain.cli", *args]
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
@@ -71,6 +72,9 @@ def run(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None
         stdout, stderr = (p.read_text(errors="replace") if p.exists() else "" for p in (out, err))
     if timed_out:
         raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+    if check and proc.exitcode != 0:
+        raise AssertionError(f"asrtrain {' '.join(args)} failed (exit status {proc.exitcode}):\n"
+                             f"{stderr[-4000:]}")
     return subprocess.CompletedProcess(command, proc.exitcode, stdout, stderr)
 
 
@@ -94,6 +98,9 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    # PYTHONPATH as a new interpreter would put it on sys.path (the server's is its start's)
+    extra = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in sys.path]
+    sys.path[1:1] = extra
     sys.argv = [str(REPO / "asrtrain" / "cli.py"), *args]
     warnings.resetwarnings()
     for action, category, module in reversed(DEFAULT_WARNINGS):

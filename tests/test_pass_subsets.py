@@ -123,10 +123,7 @@ SMALL = ["nj=2", "align.decode=false", "~align.passes.tri2", "~align.passes.tri3
 
 
 def asrtrain(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    proc = forked_cli.run(*args, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return proc
+    return forked_cli.run(*args, timeout=timeout, check=True)
 
 
 def run_align(exp: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -207,10 +207,7 @@ def test_where_jobs_run_is_in_no_stage_digest(recipe):
 
 # ------------------------------------------------------------------------ the tiny recipe
 def asrtrain(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    proc = forked_cli.run(*args, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"asrtrain {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return proc
+    return forked_cli.run(*args, timeout=timeout, check=True)
 
 
 def _same_tree(local: Path, slurm: Path, sub: str, *, skip: tuple[str, ...] = ()) -> list[str]:
