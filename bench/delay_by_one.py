@@ -35,10 +35,53 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+def rate_bits(rate: str) -> int:
+    """A tc rate (``20mbit``, ``1gbit``) in bits per second."""
+    for unit, scale in {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}.items():
+        if rate.endswith(unit):
+            return round(float(rate[: -len(unit)]) * scale)
+    raise SystemExit(f"rate {rate!r}: expected a number and kbit, mbit or gbit")
+
+
+#: The rendezvous ports of the runs: one block of 256 (0x7400-0x74ff), so that one ``u32``
+#: filter with a mask finds the store's traffic whichever port a run takes.
+PORT_BLOCK = 0x7400
+
+
+def _shape(ns: str, dev: str, rate: str, queue: str) -> None:
+    """Limit ``dev``'s egress to ``rate``. ``fifo``: a token bucket (tbf) over one queue of up
+    to 2 s, so a small message waits behind every queued byte. ``store-first``: an htb class
+    of ``rate`` whose store traffic (the rendezvous port block, either direction) goes first
+    and whose other traffic queues in the interface's FIFO behind it: the store's small
+    messages (epoch claims, torchrun's heartbeats) do not wait behind gossip, as on a link
+    whose queue is short or fair (this kernel has no fq_codel, sfq or prio)."""
+    def tc(*args: str) -> None:
+        subprocess.run(["ip", "netns", "exec", ns, "tc", *args], check=True,
+                       capture_output=True, timeout=30)
+    if queue == "fifo":
+        tc("qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
+           "latency", "2000ms")
+        return
+    if queue != "store-first":
+        raise SystemExit(f"queue {queue!r}: expected fifo or store-first")
+    bits = rate_bits(rate)
+    store = max(bits // 20, 64_000)  # the store's own share; it borrows the rest when it sends
+    tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
+    tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate",
+       f"{bits}bit", "ceil", f"{bits}bit")
+    for cls, own, prio in (("1:10", store, "0"), ("1:20", bits - store, "1")):
+        tc("class", "add", "dev", dev, "parent", "1:1", "classid", cls, "htb", "rate",
+           f"{own}bit", "ceil", f"{bits}bit", "prio", prio)
+    for field in ("sport", "dport"):
+        tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+           "match", "ip", field, str(PORT_BLOCK), "0xff00", "flowid", "1:10")
+
+
 @contextlib.contextmanager
-def link(rate: str | None) -> Iterator[tuple[list[list[str]], str, list[str]]]:
-    """Two namespaces and a veth pair, each end's egress limited to ``rate`` by a token bucket
-    (``tc`` tbf; this kernel has no netem for a latency), or unlimited."""
+def link(rate: str | None, queue: str = "fifo") -> Iterator[tuple[list[list[str]], str,
+                                                                  list[str]]]:
+    """Two namespaces and a veth pair, each end's egress limited to ``rate`` (``queue``: how
+    it queues, :func:`_shape`), or unlimited."""
     tag = str(os.getpid() % 100000)
     names, links = [f"bdl{tag}n{k}" for k in (0, 1)], [f"bda{tag}", f"bdb{tag}"]
     made = []
@@ -53,9 +96,7 @@ def link(rate: str | None) -> Iterator[tuple[list[list[str]], str, list[str]]]:
             ip("-n", ns, "link", "set", dev, "up")
             ip("-n", ns, "link", "set", "lo", "up")
             if rate:
-                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev,
-                                "root", "tbf", "rate", rate, "burst", "32kbit", "latency",
-                                "2000ms"], check=True, capture_output=True, timeout=30)
+                _shape(ns, dev, rate, queue)
         prefixes = [["ip", "netns", "exec", ns] for ns in names]
         yield prefixes, "10.232.7.1", links
     finally:
@@ -65,7 +106,7 @@ def link(rate: str | None) -> Iterator[tuple[list[list[str]], str, list[str]]]:
 
 def two_nodes(prefixes, host: str, links, exp: Path, name: str, epochs: int,
               *extra: str) -> dict:
-    port = 29600 + int(time.time()) % 300
+    port = PORT_BLOCK + int(time.time()) % 256
     procs = []
     for k in (1, 0):
         cmd = [*prefixes[k], sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
@@ -84,7 +125,8 @@ def two_nodes(prefixes, host: str, links, exp: Path, name: str, epochs: int,
                        weights_only=False)["metrics"]
     rates = [float(x) for x in re.findall(r"([\d.]+) gossip exchanges/s", outs[1])]
     fps = [float(x) for x in re.findall(r"(\d+) frames/s", outs[1])]
-    return {"run_seconds": final["run_seconds"], "global_samples": final["global_samples"],
+    return {"run_seconds": final["run_seconds"], "epoch_seconds": final["epoch_seconds"],
+            "global_samples": final["global_samples"],
             "dev_loss": final["dev_loss"],
             "exchanges_per_s": statistics.median(rates) if rates else None,
             "frames_per_s": statistics.median(fps) if fps else None}

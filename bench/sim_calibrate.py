@@ -49,8 +49,10 @@ from asrtrain.distributed.registry import sim_shape  # noqa: E402
 from asrtrain.distributed.topology import Schedule  # noqa: E402
 from asrtrain.simulate.timing import (  # noqa: E402
     GossipClock,
+    LinkCosts,
     Network,
     gossip_events,
+    placement,
     ring_allreduce_s,
     step_time,
 )
@@ -69,11 +71,7 @@ IDLE_S = 0.1  # trainer.gossip_idle_s's default
 
 def rate_bytes(rate: str) -> float:
     """A tc rate (``20mbit``, ``1gbit``) in payload bytes per second."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * scale / 8 * WIRE_EFFICIENCY
-    raise SystemExit(f"--rate {rate!r}: expected a number and kbit, mbit or gbit")
+    return delay_by_one.rate_bits(rate) / 8 * WIRE_EFFICIENCY
 
 
 def run_steps(run_dir: Path, epoch: int, learners: int) -> list[int]:
@@ -139,21 +137,31 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
     nbytes = free["model_bytes"]
     base = predict(backend, learners, delay, nbytes, unlimited, 1.0)
     epochs = free["epochs"]
-    free_wall = simulated_wall(backend, learners, delay, nbytes, unlimited, base,
-                               free["steps_mean"], free["epochs"])  # its gossip at 1 s a step
-    # The unlimited run's seconds a step: its wall time less what the model gives its link
-    # (next to nothing), over its steps.
-    per_step = (free["run_seconds"] - (free_wall - free["steps_mean"] * base.step_s)) / free[
-        "steps_mean"] - base.allreduce_s
+    if "epoch_seconds" in free:
+        # The unlimited run's training seconds (its last epoch's, learner 0's) over its steps:
+        # a step's seconds; the rest of its wall time (the epoch's end: evaluation, checkpoints,
+        # and what the model gives its link, next to nothing) is a fixed cost, added to the
+        # limited run's prediction as measured.
+        per_step = free["epoch_seconds"] / (free["steps_mean"] / epochs) - base.allreduce_s
+        fixed = free["run_seconds"] - simulated_wall(
+            backend, learners, delay, nbytes, unlimited,
+            predict(backend, learners, delay, nbytes, unlimited, per_step), free["steps_mean"],
+            epochs)
+    else:  # runs recorded before epoch_seconds: the fixed cost spread over the steps
+        free_wall = simulated_wall(backend, learners, delay, nbytes, unlimited, base,
+                                   free["steps_mean"], epochs)  # its gossip at 1 s a step
+        per_step = (free["run_seconds"] - (free_wall - free["steps_mean"] * base.step_s)) / free[
+            "steps_mean"] - base.allreduce_s
+        fixed = 0.0
     ours = predict(backend, learners, delay, nbytes, net, per_step)
-    wall = simulated_wall(backend, learners, delay, nbytes, net, ours, limited["steps_mean"],
-                          epochs)
+    wall = fixed + simulated_wall(backend, learners, delay, nbytes, net, ours,
+                                  limited["steps_mean"], epochs)
     seeds = {str(d): predict(backend, learners, d, nbytes, net, per_step, True)
              for d in (False, True)}
     rounds_per_s = ours.rounds_per_step / ours.step_s if ours.round_s else None
     out = {"backend": backend, "learners": learners, "delay_by_one": delay,
            "rate": limited["rate"], "bandwidth_bytes_per_s": bandwidth,
-           "measured_step_s_unlimited": per_step,
+           "measured_step_s_unlimited": per_step, "fixed_s_unlimited": fixed,
            "predicted": {"allreduce_s": ours.allreduce_s, "exchange_s": ours.exchange_s,
                          "round_s": ours.round_s, "step_s": ours.step_s,
                          "rounds_per_step": ours.rounds_per_step, "wall_s": wall},
@@ -161,7 +169,7 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
            "unlimited_wall_s": free["run_seconds"],
            "load": [free["load"], limited["load"]],
            "seeds_learner_wall_s": {
-               f"delay_by_one={d}": limited["steps_mean"] * s.step_s + epochs * s.round_s
+               f"delay_by_one={d}": fixed + limited["steps_mean"] * s.step_s + epochs * s.round_s
                for d, s in seeds.items()}}
     if rounds_per_s is not None and limited.get("exchanges_per_s"):
         members = sim_shape(backend).members(learners, learners // 2)
@@ -180,16 +188,19 @@ def simulated_wall(backend: str, learners: int, delay: bool, nbytes: float, net:
     shape = sim_shape(backend)
     members = shape.members(learners, learners // 2)
     n = round(steps / epochs)
+    # the rounding's part step (claims leave learners with unequal counts, their mean a
+    # fraction) at the step time: the steps' seconds are then exactly steps x step_s
+    rest = (steps - n * epochs) * st.step_s
     if members < 2:
-        return epochs * n * st.step_s
+        return epochs * n * st.step_s + rest
     sched = Schedule(members, TOPOLOGY, 1)
     clock, now = GossipClock(), 0.0
     for _ in range(epochs):
         ends = [now + np.arange(1, n + 1) * st.step_s for _ in range(members)]
         _events, now = gossip_events(sched, ends, now, clock, delay, IDLE_S,
-                                     st.event_exchange_s, 0)
+                                     LinkCosts(net, nbytes, placement(members, 2)), 0)
         now += ring_allreduce_s(learners, nbytes, net.bandwidth, net.latency_s)
-    return now
+    return now + rest
 
 
 def fit_bandwidth(free: dict, limited: dict) -> float:
@@ -201,13 +212,22 @@ def fit_bandwidth(free: dict, limited: dict) -> float:
     return 2 * (k - 1) / k * free["model_bytes"] / gained
 
 
+def median_runs(rows: list[dict], rate: str) -> dict[tuple, dict]:
+    """Each setting's run of the median wall time at ``rate`` (of an even count, the lower):
+    a run as it was, its steps and load with it."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["rate"] == rate:
+            runs.setdefault((r["backend"], r["learners"], r["delay_by_one"]), []).append(r)
+    return {k: sorted(v, key=lambda r: r["run_seconds"])[(len(v) - 1) // 2]
+            for k, v in runs.items()}
+
+
 def analyse(rows: list[dict], rate: str, fraction: float | None = None) -> dict:
     """Pair each setting's unlimited and limited runs; fit the bandwidth on the first SSGD pair
     (the fewest learners) and predict every other pair with it, and with the tc rate as given.
     ``fraction``: no fit; the link carries this fraction of the tc rate (an earlier fit's)."""
-    key = lambda r: (r["backend"], r["learners"], r["delay_by_one"])  # noqa: E731
-    free = {key(r): r for r in rows if r["rate"] == "none"}
-    limited = {key(r): r for r in rows if r["rate"] == rate}
+    free, limited = median_runs(rows, "none"), median_runs(rows, rate)
     pairs = [(free[k], limited[k]) for k in free if k in limited]
     nominal = rate_bytes(rate)
     if fraction is None:
@@ -249,7 +269,12 @@ def table(result: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="20mbit", help="tc rate of each veth end")
+    ap.add_argument("--queue", choices=("fifo", "store-first"), default="fifo",
+                    help="how the limited link queues (bench/delay_by_one.py's _shape): one "
+                         "FIFO of up to 2 s, or the store's messages first")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each setting at each rate, alternated; the median is compared")
     ap.add_argument("--learners", default="4,8")
     ap.add_argument("--backends", default="ssgd,adpsgd,hadpsgd")
     ap.add_argument("--fraction", type=float, default=None,
@@ -262,14 +287,16 @@ def main() -> None:
     if args.source:
         old = json.loads(args.source.read_text())
         rows, command = old["runs"], old["command"]
+        args.queue = old.get("queue", "fifo")  # runs made before --queue: one FIFO
     else:
         rows, command = run_all(args), "sudo python bench/sim_calibrate.py " + " ".join(
             sys.argv[1:])
     result = {"command": command,
               "conditions": (f"tiny CTC (69,473 parameters), trainer.batch_frames={BATCH_FRAMES}, "
-                             f"{args.epochs} epoch, two namespaces over a veth pair, tc tbf "
-                             f"{args.rate} each way; {os.cpu_count()} CPU cores shared with "
-                             "other work (load beside each row)"),
+                             f"{args.epochs} epoch, two namespaces over a veth pair, tc "
+                             f"{args.rate} each way, queue {args.queue}; {os.cpu_count()} "
+                             "CPU cores shared with other work (load beside each row)"),
+              "queue": args.queue,
               "runs": rows, **analyse(rows, args.rate, args.fraction)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_suffix(".json.tmp")
@@ -295,10 +322,13 @@ def run_all(args: argparse.Namespace) -> list[dict]:
                         f"exp_dir={exp}", *delay_by_one.COMMON, "--to", "features"], cwd=REPO,
                        check=True, capture_output=True, timeout=600)
         for i, (backend, learners, delay) in enumerate(plan):
-            for rate in (None, args.rate):
-                with delay_by_one.link(rate) as (prefixes, host, links):
-                    rows.append(real(prefixes, host, links, exp, f"c{i}_{rate or 'free'}",
-                                     args.epochs, backend, learners, delay, rate))
+            for repeat in range(args.repeats):
+                for rate in (None, args.rate):
+                    with delay_by_one.link(rate, args.queue) as (prefixes, host, links):
+                        row = real(prefixes, host, links, exp,
+                                   f"c{i}_{rate or 'free'}_{repeat}", args.epochs, backend,
+                                   learners, delay, rate)
+                        rows.append({**row, "repeat": repeat})
     return rows
 
 

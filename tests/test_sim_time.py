@@ -16,11 +16,14 @@ import sim_calibrate  # bench/sim_calibrate.py
 
 from asrtrain.distributed.registry import sim_shape
 from asrtrain.distributed.topology import Schedule
+from asrtrain.simulate.engine import SimConfig
 from asrtrain.simulate.timing import (
     EXCHANGE,
     GossipClock,
+    LinkCosts,
     Network,
     gossip_events,
+    placement,
     ring_allreduce_s,
     step_time,
 )
@@ -82,6 +85,75 @@ def test_learners_of_a_node_share_its_nic_hadpsgd_leaders_do_not() -> None:
     assert flat.allreduce_s == 0.0
     with pytest.raises(ValueError, match="bandwidth=0"):
         Network(bandwidth=0)
+
+
+def test_members_sit_on_machines_in_rank_order() -> None:
+    assert placement(8, 2) == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert placement(3, 8) == (0, 1, 2)  # more machines than members: one each
+    assert placement(5, 2) == (0, 0, 1, 1, 1)  # the last machine takes what is left
+    # the simulator places its members so: a node's learners on one machine (``nodes``), one
+    # machine per member by default
+    assert SimConfig(learners=8, bandwidth=1e8, nodes=2).link_costs(MB).machine == placement(8, 2)
+    assert SimConfig(learners=8, backend="hadpsgd", per_node=4,
+                     bandwidth=1e8).link_costs(MB).machine == (0, 1)
+    assert SimConfig(learners=8).link_costs(MB) is None  # no time model: exchange_s as given
+
+
+def test_a_pair_pays_the_nics_it_crosses_shared_with_the_phases_other_crossings() -> None:
+    """Each crossing exchange sends one message out of each of its two machines: a NIC carries
+    as many as the phase's (with delay-by-one, the round's) crossing pairs touching it; a pair
+    on one machine pays the intra links."""
+    net = Network(bandwidth=1e8, latency_s=1e-3, intra_bandwidth=1e10)
+    local = 100 * MB / 1e10
+    cross = lambda k: 1e-3 + k * 100 * MB / 1e8  # noqa: E731 - k messages on the busier NIC
+    two = LinkCosts(net, 100 * MB, placement(4, 2))  # 0, 1 | 2, 3
+    phases = [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    assert two.of_round(phases, False) == [[pytest.approx(local)] * 2,
+                                           [pytest.approx(cross(2))] * 2]
+    # delay-by-one posts both phases at once: the same two crossings share the NICs
+    assert two.of_round(phases, True) == two.of_round(phases, False)
+    assert two.of_round([[(0, 2), (1, 3)], [(0, 3), (1, 2)]], True) == [
+        [pytest.approx(cross(4))] * 2] * 2
+    three = LinkCosts(net, 100 * MB, placement(6, 3))  # 0, 1 | 2, 3 | 4, 5
+    assert three.of_round([[(0, 2), (1, 4), (3, 5)]], False) == [
+        [pytest.approx(cross(2))] * 3]  # every machine sends two messages
+    assert three.of_round([[(0, 2), (1, 3), (4, 5)]], False) == [
+        [pytest.approx(cross(2)), pytest.approx(cross(2)), pytest.approx(local)]]
+
+
+def test_with_delay_by_one_a_round_counts_at_its_trigger_and_the_drain_runs_it() -> None:
+    """The real thread (Gossip._rounds) counts a round as started at its trigger, then waits for
+    the previous round's messages and posts it: a round triggered before the epoch's end, even
+    one posted after it, is run whole by the drain. Two members, exchanges of 1 s, steps ending
+    at 0.1, 0.2, 0.3: round 0 posted at 0.1 (in at 1.1), round 1 counted at 0.2, posted at 1.1
+    and in at 2.1, where the drain ends; without delay-by-one round 0 ends at 1.1 and no step
+    is left to trigger another."""
+    sched = Schedule(2, "random_ring", 1)
+    ends = [np.array([0.1, 0.2, 0.3])] * 2
+    events, end = gossip_events(sched, ends, 0.0, GossipClock(), True, 1e9, 1.0, 0)
+    assert end == pytest.approx(2.1)
+    assert sorted({e[1] for e in events if e[3] == EXCHANGE}) == [0, 1]
+    events, end = gossip_events(sched, ends, 0.0, GossipClock(), False, 1e9, 1.0, 0)
+    assert end == pytest.approx(1.1)
+    assert {e[1] for e in events if e[3] == EXCHANGE} == {0}
+
+
+def test_the_drain_waits_for_the_slowest_pair_of_a_round() -> None:
+    """The epoch's drain with each pair's cost: a round whose pairs are all on one machine ends
+    at once; one with pairs across a slow link ends when their shared bytes are through, later
+    than the mean exchange (step_time's steady state) says."""
+    net = Network(bandwidth=1e6)  # 1 MB/s: a 1 MB message takes 1 s
+    sched = Schedule(8, "random_ring", 1)
+    ends = [np.array([0.1]) for _ in range(8)]
+    one_machine = LinkCosts(net, MB, placement(8, 1))
+    _events, end = gossip_events(sched, ends, 0.0, GossipClock(), False, 1e9, one_machine, 0)
+    assert end == pytest.approx(0.1)
+    costs = LinkCosts(net, MB, placement(8, 2))
+    _events, end = gossip_events(sched, ends, 0.0, GossipClock(), False, 1e9, costs, 0)
+    worst = sum(max(row) for row in costs.of_round(sched.phases(0), False))
+    assert end == pytest.approx(0.1 + worst)
+    mean = step_time(sim_shape("adpsgd"), 8, 4, 2, 0.1, MB, net, 2, False).exchange_s
+    assert worst > 2 * mean
 
 
 @pytest.mark.parametrize(("compute_s", "delay_by_one"), [(0.4, False), (0.4, True),

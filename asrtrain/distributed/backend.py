@@ -112,6 +112,14 @@ class Backend(ABC):
     def reduce_mean(self, values: Mapping[str, float]) -> dict[str, float]:
         """Average scalar metrics over learners (same keys on every learner); collective."""
 
+    @contextlib.contextmanager
+    def meeting(self) -> Iterator[None]:
+        """A point where all learners meet (collective): what runs in the background is drained
+        and held until the block ends, so the collectives inside it (the consensus, the epoch's
+        metrics) do not queue behind background exchanges on the links. Nothing to hold by
+        default."""
+        yield
+
     def agree_min(self, value: int) -> int:
         """The smallest ``value`` over learners; collective. Synchronous backends need the same
         number of steps on every learner: ``steps = backend.agree_min(len(my_batches))``."""
@@ -200,6 +208,7 @@ class DistributedBackend(Backend):
         #: Orders the main stream's model updates against a gossip thread's copies; a backend
         #: that gossips sets it from its parameters (``streams.streams_for``) in attach.
         self.streams = NullStream()
+        self._met = False  # inside meeting(): drained, held until it ends
         self.create_groups()
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -245,27 +254,33 @@ class DistributedBackend(Backend):
         with self.updating_model():
             optimizer.step()
 
-    def consensus(self) -> dict[str, torch.Tensor]:
+    @contextlib.contextmanager
+    def meeting(self) -> Iterator[None]:
+        """:meth:`drain` on entry, :meth:`release` at the end; inside one, a nested meeting (the
+        consensus methods') is part of it: it neither drains again nor releases early."""
+        if self._met:
+            yield
+            return
         self.drain()
+        self._met = True
         try:
-            return self.average_state()
+            yield
         finally:
+            self._met = False
             self.release()
+
+    def consensus(self) -> dict[str, torch.Tensor]:
+        with self.meeting():
+            return self.average_state()
 
     def consensus_distance(self) -> float:
-        self.drain()
-        try:
+        with self.meeting():
             return self.distance_to(self.average_state())
-        finally:
-            self.release()
 
     def consensus_with_distance(self) -> tuple[dict[str, torch.Tensor], float]:
-        self.drain()
-        try:
+        with self.meeting():
             state = self.average_state()
             return state, self.distance_to(state)
-        finally:
-            self.release()
 
     def agree_min(self, value: int) -> int:
         return self.comm.allreduce_int(value, "step count agreement", op=dist.ReduceOp.MIN)

@@ -46,9 +46,11 @@ from asrtrain.simulate.timing import (
     START,
     STEP,
     GossipClock,
+    LinkCosts,
     Network,
     StepTime,
     gossip_events,
+    placement,
     step_events,
     step_starts,
     step_time,
@@ -121,11 +123,26 @@ class SimConfig:
         if not self.bandwidth > 0:
             return None
         shape = self.shape()
-        nodes = self.nodes or (self.members() if shape.sync == "node" else self.learners)
         members = self.members()
         phases = len(Schedule(members, self.topology, self.seed).phases(0)) if members > 1 else 0
-        return step_time(shape, self.learners, self.per_node, nodes, self.step_s, model_bytes,
-                         Network(self.bandwidth, self.latency_s), phases, self.delay_by_one)
+        return step_time(shape, self.learners, self.per_node, self.machines(), self.step_s,
+                         model_bytes, self.network(), phases, self.delay_by_one)
+
+    def network(self) -> Network:
+        return Network(self.bandwidth, self.latency_s)
+
+    def machines(self) -> int:
+        """``nodes``, or one machine per member of a node-synchronous backend, else one per
+        learner."""
+        return self.nodes or (self.members() if self.shape().sync == "node" else self.learners)
+
+    def link_costs(self, model_bytes: float) -> LinkCosts | None:
+        """Each gossip exchange's seconds from where its pair sits (:class:`~asrtrain.simulate.
+        timing.LinkCosts`), with the time model; None without it."""
+        if not self.bandwidth > 0:
+            return None
+        return LinkCosts(self.network(), model_bytes,
+                         placement(self.members(), self.machines()))
 
     def shape(self) -> SimShape:
         """What the backend declares to the registry (:class:`~asrtrain.distributed.registry.
@@ -199,7 +216,7 @@ class Simulator:
         nbytes = sum(p.numel() * p.element_size() for p in self.params)
         self.timing = cfg.time_model(nbytes)
         self.step_s = cfg.step_s + (self.timing.allreduce_s if self.timing else 0.0)
-        self.exchange_s = self.timing.event_exchange_s if self.timing else cfg.exchange_s
+        self.exchange_s = cfg.link_costs(nbytes) or cfg.exchange_s
         self.traj = Trajectory(config={**asdict(cfg), "members": g,
                                        "spectral_gap": self._gap(),
                                        "time_model": asdict(self.timing) if self.timing

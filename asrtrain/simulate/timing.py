@@ -9,7 +9,9 @@ advance; the rounds then follow from them, round after round, with the thread's 
 - without delay-by-one a phase's exchange ends ``exchange_s`` after both partners reached it,
   and the round's change is applied when its last phase ends;
 - with delay-by-one the messages are posted at the round's start and travel while the member
-  steps on: the change is applied when the next round starts, which waits for the messages;
+  steps on: the change is applied when the next round starts, which waits for the messages
+  (the thread counts that next round as started at its trigger, before the wait, so the drain
+  runs it whole);
 - at the end of the epoch every member finishes the rounds started anywhere (the drain before
   the consensus, :func:`asrtrain.distributed.gossip.drain_gossip`) and starts no more.
 
@@ -78,10 +80,12 @@ def _trigger(ends: np.ndarray, last_start: float, idle_s: float, may_idle: bool)
 
 
 def gossip_events(schedule: Schedule, ends: list[np.ndarray], t0: float, clock: GossipClock,
-                  delay_by_one: bool, idle_s: float, exchange_s: float,
+                  delay_by_one: bool, idle_s: float, exchange_s: float | LinkCosts,
                   log_every: int) -> tuple[list[Event], float]:
     """The gossip events of one epoch that starts at ``t0`` (members' step end times ``ends``);
-    returns them and the time the epoch's drain is over. ``clock`` is advanced."""
+    returns them and the time the epoch's drain is over. ``clock`` is advanced.
+    ``exchange_s``: the seconds of every exchange, or :class:`LinkCosts`, each pair's from where
+    the members sit."""
     n = len(ends)
     t_end = max((float(e[-1]) for e in ends if len(e)), default=t0)
     first = [float(e[0]) if len(e) else math.inf for e in ends]
@@ -94,15 +98,22 @@ def gossip_events(schedule: Schedule, ends: list[np.ndarray], t0: float, clock: 
     while n > 1:
         trig = np.array([_trigger(ends[i], last_start[i], idle_s,
                                   clock.stepped or last_start[i] >= first[i]) for i in range(n)])
-        if np.maximum(ready, trig).min() > t_end:  # the last step still triggers one
+        # A round counts as started at its trigger, without delay-by-one once the previous
+        # round is done; with it the thread counts the round, then waits for the previous
+        # round's messages and posts it (Gossip._rounds): a round so counted before the epoch's
+        # end is one the drain runs whole. The last step still triggers one.
+        if (trig if delay_by_one else np.maximum(ready, trig)).min() > t_end:
             break
         start = np.maximum(ready, np.minimum(trig, t_end))  # the drain starts the rest at once
         if delay_by_one and pending:
             events += _applies(start, pending, r - 1, log_every)
         t, posted, touched = start.copy(), start.copy(), set()
-        for p, phase in enumerate(schedule.phases(r)):
-            for i, j in phase:
-                e = max(t[i], t[j]) + exchange_s
+        phases = schedule.phases(r)
+        costs = (exchange_s.of_round(phases, delay_by_one) if isinstance(exchange_s, LinkCosts)
+                 else [[exchange_s] * len(phase) for phase in phases])
+        for p, phase in enumerate(phases):
+            for (i, j), cost in zip(phase, costs[p], strict=True):
+                e = max(t[i], t[j]) + cost
                 events.append((e, r, p, EXCHANGE, i, j))
                 touched.update((i, j))
                 if delay_by_one:  # posted at the start; the messages are in at e
@@ -156,6 +167,51 @@ class Network:
         for key in ("latency_s", "intra_latency_s"):
             if getattr(self, key) < 0:
                 raise ValueError(f"Network.{key}={getattr(self, key)}: must not be negative")
+
+
+def placement(members: int, machines: int) -> tuple[int, ...]:
+    """The machine of each gossip member: members in rank order, ``members // machines`` a
+    machine (the last takes what is left), as torchrun numbers the ranks of its nodes."""
+    per = max(1, members // max(machines, 1))
+    return tuple(min(i // per, max(machines, 1) - 1) for i in range(members))
+
+
+@dataclass(frozen=True)
+class LinkCosts:
+    """Each exchange's seconds where the gossip members sit on machines (``machine[i]``: member
+    ``i``'s, :func:`placement`): a pair on one machine pays the intra links; a pair across
+    machines pays a latency and the model's bytes over the NICs, whose egress is shared by every
+    crossing exchange of the phase under way on it (each sends one message out of each of its
+    two machines), plus two host copies. With delay-by-one a round's phases are posted
+    together, so all its crossing exchanges share the NICs. This is :func:`step_time`'s
+    exchange, pair by pair: the steady state there takes the expected share of the NIC, which
+    holds for the rounds in the middle of an epoch; the drain at its end waits for the slowest
+    pairs of each round, which the expectation hides (docs/science.md, "Calibration")."""
+
+    net: Network
+    model_bytes: float
+    machine: tuple[int, ...]
+
+    def of_round(self, phases: list[list[tuple[int, int]]],
+                 delay_by_one: bool) -> list[list[float]]:
+        """The seconds of each pair's exchange, phase by phase."""
+        copies = 2 * self.model_bytes / self.net.copy_bandwidth
+        local = self.net.intra_latency_s + self.model_bytes / self.net.intra_bandwidth + copies
+        groups = [phases] if delay_by_one else [[phase] for phase in phases]
+        out: list[list[float]] = []
+        for group in groups:
+            load: dict[int, int] = {}
+            for phase in group:
+                for i, j in phase:
+                    if self.machine[i] != self.machine[j]:
+                        for m in (self.machine[i], self.machine[j]):
+                            load[m] = load.get(m, 0) + 1
+            for phase in group:
+                out.append([local if self.machine[i] == self.machine[j] else
+                            self.net.latency_s + copies + self.model_bytes * max(
+                                load[self.machine[i]], load[self.machine[j]]) / self.net.bandwidth
+                            for i, j in phase])
+        return out
 
 
 def ring_allreduce_s(k: int, nbytes: float, bandwidth: float, latency_s: float) -> float:

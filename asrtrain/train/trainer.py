@@ -376,6 +376,29 @@ def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
     where learners do not keep in step, measure their distance to the consensus here, where they
     meet anyway, and record each one's share of the epoch."""
     backend, task = run.backend, run.task
+    # Gossip drained and held until the epoch's figures are shared: the metrics' collective does
+    # not queue behind exchanges on the links, and the sample counts stay exact.
+    with backend.meeting():
+        state, summary = _epoch_summary(run, epoch, figures)
+    if backend.is_main:
+        ckpt = task.model_checkpoint(run.cfg, state, epoch=epoch,
+                                     global_samples=summary["global_samples"], metrics=summary)
+        ckpt.precision = run.tcfg.precision
+        ckpt.save(checkpoint.model_path(run.out_dir, epoch))
+        log.info("epoch %d: %s", epoch, ", ".join(
+            f"{k} {v:.4g}" for k, v in summary.items() if k != "epoch"))
+        run.record[epoch] = summary
+        write_record(run.out_dir, run.record)
+    run.dev_losses[epoch] = summary["dev_loss"]
+    if backend.is_main:
+        _keep_checkpoints(run, epoch)
+        _epoch_curves(run, step, summary)
+
+
+def _epoch_summary(run: _Run, epoch: int,
+                   figures: _Epoch) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The consensus model and the epoch's summary; collective."""
+    backend, task = run.backend, run.task
     shared = _shared_figures(backend)
     state, distance = (backend.consensus(), 0.0) if shared else backend.consensus_with_distance()
     dev_model = copy.deepcopy(run.model)
@@ -406,19 +429,7 @@ def _end_epoch(run: _Run, epoch: int, step: int, figures: _Epoch) -> None:
         summary.update({f"samples_learner_{r}": round(means[f"samples_learner_{r}"] *
                                                       backend.world_size)
                         for r in range(backend.world_size)})
-    if backend.is_main:
-        ckpt = task.model_checkpoint(run.cfg, state, epoch=epoch,
-                                     global_samples=backend.global_samples(), metrics=summary)
-        ckpt.precision = run.tcfg.precision
-        ckpt.save(checkpoint.model_path(run.out_dir, epoch))
-        log.info("epoch %d: %s", epoch, ", ".join(
-            f"{k} {v:.4g}" for k, v in summary.items() if k != "epoch"))
-        run.record[epoch] = summary
-        write_record(run.out_dir, run.record)
-    run.dev_losses[epoch] = summary["dev_loss"]
-    if backend.is_main:
-        _keep_checkpoints(run, epoch)
-        _epoch_curves(run, step, summary)
+    return state, summary
 
 
 def _keep_checkpoints(run: _Run, epoch: int) -> None:
