@@ -187,3 +187,25 @@ def test_claimed_blocks_name_the_utterances_their_chunks_come_from(tmp_path: Pat
     assert [b.batches.tolist() for b in blocks] == [whole[k].tolist() for k in (2, 0, 1)]
     for b in blocks:
         assert b.utts == [cs.utts[i] for i in np.unique(utt_of[b.batches.ravel()])]
+
+
+def test_a_claimed_epoch_has_blocks_enough_for_every_learner(tmp_path: Path) -> None:
+    """Claimed blocks are at most 1/CLAIM_UNITS of a learner's share of the utterances, so a
+    small set's few blocks of block_utts do not leave learners with none (1,448 utterances in
+    blocks of 256 were 6 units for 8 learners: two trained nothing, and their gossip partners
+    stalled); every chunk is still in the epoch once."""
+    from asrtrain.train.chunks import CLAIM_UNITS
+
+    cs = ChunkSet(*_tagged(tmp_path, [40 + 7 * (i % 9) for i in range(64)]), chunk=21)
+    world, counts, taken = 4, [], iter(range(10**6))
+
+    def claim_all(n: int) -> int | None:
+        counts.append(n)
+        k = next(taken)
+        return k if k < n else None
+
+    blocks = list(cs.plan(5, 0, world, 4, 256, claim=claim_all))
+    # 64 utterances in blocks of 2 (not 256): 32 blocks, and the plan's last partial batch
+    assert counts[0] == len(blocks) == CLAIM_UNITS * world + 1
+    claimed = np.sort(np.concatenate([b.batches.ravel() for b in blocks]))
+    assert claimed.tolist() == list(range(cs.chunk_table()[0].size))

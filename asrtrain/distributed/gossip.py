@@ -169,6 +169,7 @@ class Gossip:
         self.idle = True             # the thread waits for its next round
         self.inflight = False        # delay-by-one: a posted round is not yet applied
         self.hold = False            # the main thread is agreeing on a drain limit
+        self.arrived = False         # at an epoch's end, waiting for the others (drain_gossip)
         self.limit: int | None = None
         self.stop = False
         self.error: AsrtrainError | None = None
@@ -215,10 +216,18 @@ class Gossip:
         self.has_pending = False
         return out
 
+    def arrive(self) -> None:
+        """This learner's share of the epoch is done and it waits for the others: rounds go on
+        at the idle pace, even if it took no step (a partner's rounds would wait for it)."""
+        with self.cond:
+            self.arrived = True
+            self.cond.notify_all()
+
     def hold_and_count(self) -> int:
         """Stop starting rounds and return how many were started (first half of a drain)."""
         with self.cond:
             self.hold = True
+            self.arrived = False
             return self.rounds
 
     def drain_to(self, limit: int, timeout_s: float) -> None:
@@ -252,7 +261,7 @@ class Gossip:
     def _may_start(self, r: int, last_steps: int, last_time: float) -> bool:
         if self.limit is not None:
             return r < self.limit
-        if self.hold or self.steps == 0:
+        if self.hold or (self.steps == 0 and not self.arrived):
             return False  # before the first step the models are still as setup() left them
         return self.steps > last_steps or time.monotonic() - last_time >= self.idle_s
 
@@ -426,9 +435,18 @@ def drain_gossip(comm: Comm, gossip: Gossip | None) -> None:
     """Finish every round started anywhere and stop gossip until ``gossip.release()``;
     collective over all learners (a learner without a gossip thread passes None).
 
-    Each member stops starting rounds and says how many it started; all then run up to the
-    maximum, so every exchange a partner posted is answered, and wait until nothing is in flight.
+    First all learners arrive, their gossip still running: a learner whose share of the epoch
+    is done keeps answering its partners' rounds (its thread's idle trigger) while the others
+    finish theirs. Held at once, it would stall every round that pairs it, and with claimed
+    epochs (a fast learner's share ends first) the others' averaging for the rest of the epoch
+    (measured: 8 hybrid learners, consensus distance 0.29-0.61 against 0.01, held-out loss 1.4
+    against 0.98). Then each member stops starting rounds and says how many it started; all run
+    up to the maximum, so every exchange a partner posted is answered, and wait until nothing is
+    in flight.
     """
+    if gossip is not None:
+        gossip.arrive()
+    comm.barrier("gossip drain: every learner at the epoch's end")
     started = gossip.hold_and_count() if gossip is not None else 0
     limit = comm.allreduce_int(started, "gossip drain", op=dist.ReduceOp.MAX)
     if gossip is not None:

@@ -36,6 +36,8 @@ from asrtrain.features.reader import FeatureReader, chunk_starts
 log = logging.getLogger(__name__)
 
 IGNORE = -100
+#: Claimed epochs (``plan``'s ``claim``): the fewest blocks each learner's share is cut into.
+CLAIM_UNITS = 8
 
 
 @dataclass
@@ -243,14 +245,18 @@ class ChunkSet:
         partial batch (evaluation).
 
         ``claim`` (learners that do not keep in step): the plan of the whole set (``rank`` 0 of
-        ``world`` 1, ending with its partial batch) is the epoch's one order, and this learner
+        ``world`` 1, ending with its partial batch, in blocks of at most 1/``CLAIM_UNITS`` of a
+        learner's share of the utterances) is the epoch's one order, and this learner
         takes the blocks whose numbers ``claim(number of blocks)`` hands it until it returns
         None (:class:`asrtrain.distributed.claims.EpochClaims`: a counter all learners share).
         Such a block's ``utts`` are those its batches' chunks come from (some left over from an
         earlier block), so the block can be read by itself.
         """
         if claim is not None:
-            yield from self._claimed(seed, batch_size, block_utts, claim)
+            # at least CLAIM_UNITS blocks a learner: a small set's few blocks of ``block_utts``
+            # would leave learners with none (1,448 utterances in blocks of 256: 6 for 8)
+            small = -(-self.num_utts // (CLAIM_UNITS * max(world, 1)))
+            yield from self._claimed(seed, batch_size, max(1, min(block_utts, small)), claim)
             return
         rng = random.Random(None if seed is None else seed * 7919 + rank)
         first = self._first
