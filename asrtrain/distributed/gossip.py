@@ -439,8 +439,9 @@ def drain_gossip(comm: Comm, gossip: Gossip | None) -> None:
     is done keeps answering its partners' rounds (its thread's idle trigger) while the others
     finish theirs. Held at once, it would stall every round that pairs it, and with claimed
     epochs (a fast learner's share ends first) the others' averaging for the rest of the epoch
-    (measured: 8 hybrid learners, consensus distance 0.29-0.61 against 0.01, held-out loss 1.4
-    against 0.98). Then each member stops starting rounds and says how many it started; all run
+    (measured with a learner that claimed nothing: 8 hybrid learners, 0.4 exchanges/s, consensus
+    distance 0.29-0.61, held-out loss 1.40; with the fix and blocks for all, 35-56 exchanges/s,
+    0.04-0.06, 1.005). Then each member stops starting rounds and says how many it started; all run
     up to the maximum, so every exchange a partner posted is answered, and wait until nothing is
     in flight.
     """
