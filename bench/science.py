@@ -17,21 +17,34 @@ through the simulator in every experiment of the issue:
 - ``delay``: delay-by-one with and without a 4x straggler;
 - ``hier``: H-AD-PSGD with nodes of 4 and 8 against flat AD-PSGD at the same learner count;
 - ``real``: one point of each at 8 learners as real gloo processes (``asrtrain run ... --stage
-  train_hybrid trainer.backend=... trainer.learners=8``), beside the simulator at the same
-  settings and the pace the real run logged.
+  train_hybrid trainer.backend=... trainer.learners=8``), ``real_runs`` times each (2 in
+  ``--full``), every run beside the simulator at the same settings and the pace it logged.
 
-Each experiment writes ``science_<name>.json`` and ``.png`` under ``--out`` (the PNGs are copied
-to docs/img/ for docs/science.md); an experiment whose JSON is there for the same plan is not
-run again (``--redo`` runs it anyway). ``--size small`` is the same code on the committed tiny
-corpus with a few learners and one epoch (tests/test_bench_science.py).
+Each experiment writes ``science_<name>.json`` and ``.png`` under ``--out``; an experiment whose
+JSON is there for the same plan is not run again (``--redo`` runs it anyway). ``--size small`` is
+the same code on the committed tiny corpus with a few learners and one epoch
+(tests/test_bench_science.py).
+
+Unless ``--no-docs``, the PNGs are copied to ``<docs>/img/`` and a compact copy of each result
+(no long trajectories; the command that made it, its wall time and the load) is written to
+``<docs>/science/science_<name>.json`` (``--docs``, default docs/): docs/science.md's tables of
+these experiments are the ``table_<name>`` functions below of those files
+(tests/test_science_tables.py holds the doc to them).
+
+Every loss is the held-out frame cross-entropy in nats; each result records the label-prior
+loss (the entropy of the training alignments' pdf prior: what predicting the prior scores), which
+the plots draw as a line.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
+import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,10 +57,11 @@ import torch
 
 from asrtrain.fileio import atomic_open, write_text
 
+_LOADED = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "tiny"
 RESULTS = REPO / "bench" / "results"
-DOCS_IMG = REPO / "docs" / "img"
+DOCS = REPO / "docs"   # --docs: PNGs to <docs>/img, the compact JSONs to <docs>/science
 MAKE_CORPUS = REPO / "data" / "tiny" / "make_tiny.py"
 SCIENCE_DIR = REPO / "exp" / "science"
 LEARNERS = 16
@@ -96,12 +110,13 @@ class Plan:
     hier_nodes: tuple[int, ...]
     real_learners: int
     real_epochs: int
+    real_runs: int             # real: each point this many times (its run-to-run spread)
 
 
 FULL = Plan("full", 2.0, 2, (16, 64), (256, 1024, 4096, 12288), ("adam", "sgd"), "sgd", 16, 8,
-            (16, 64, 128), 24, 64, 64, (4, 8), 8, 2)
+            (16, 64, 128), 24, 64, 64, (4, 8), 8, 2, 2)
 SMALL = Plan("small", None, 1, (4,), (64, 128), ("adam", "sgd"), "sgd", 16, 4, (4, 8), 6, 8, 8,
-             (4,), 2, 1)
+             (4,), 2, 1, 1)
 PLANS = {"full": FULL, "small": SMALL}
 
 
@@ -176,7 +191,22 @@ def simulate(overrides: list[str], initial_seeds: bool = False, **sim: object) -
     traj = Simulator(sim_cfg, work, initial=own).run()
     out = traj.to_json()
     out["config"]["wall_s"] = time.perf_counter() - start
+    out["config"]["epoch_steps"] = [work.epoch_steps(e, sim_cfg.learners)
+                                    for e in range(1, sim_cfg.epochs + 1)]
     return out
+
+
+def label_prior_loss(overrides: list[str]) -> float:
+    """The held-out loss's reference for an untrained model: the entropy (nats) of the pdf
+    prior of the training alignments (the hybrid task's own priors, as FrameCETask counts them),
+    i.e. the frame CE of always predicting the prior."""
+    from asrtrain.recipe import compose_recipe
+    from asrtrain.simulate.workload import system_config
+    from asrtrain.train.tasks import build_task
+
+    task = build_task(system_config(compose_recipe(RECIPE, [*overrides, *TINY_MODEL]), "hybrid"))
+    log_p = torch.from_numpy(task.priors).double()
+    return float(-(log_p.exp() * log_p).sum())
 
 
 def own_models(cfg, input_dim: int, output_dim: int) -> Callable[[int], torch.Tensor]:
@@ -273,7 +303,9 @@ def training_point(base: list[str], plan: Plan, learners: int, per_learner: int,
     last = traj["epochs"][-1]
     return {"heldout_loss": last["heldout_loss"], "epochs": traj["epochs"],
             "points": traj["points"][-200:], "rounds": last["rounds"],
-            "simulated_s": last["time"], "spectral_gap": traj["config"]["spectral_gap"],
+            "simulated_s": last["time"], "distance": last["distance"],
+            "epoch_steps": traj["config"]["epoch_steps"],
+            "spectral_gap": traj["config"]["spectral_gap"],
             "members": traj["config"]["members"], "wall_s": traj["config"]["wall_s"]}
 
 
@@ -337,8 +369,10 @@ def exp_delay(base: list[str], plan: Plan) -> dict:
     return {"rows": rows}
 
 
-def exp_hier(base: list[str], plan: Plan) -> dict:
-    """(c) H-AD-PSGD with nodes of each size against flat AD-PSGD at the same learners."""
+def exp_hier(base: list[str], plan: Plan, batch: dict | None = None) -> dict:
+    """(c) H-AD-PSGD with nodes of each size against flat AD-PSGD at the same learners; and
+    SSGD at the same learners and global batch (what one learner at that batch computes): the
+    point of (a) when ``batch`` (its result) has it, else simulated here."""
     rows = []
     for per_node in (1, *plan.hier_nodes):
         backend = "adpsgd" if per_node == 1 else "hadpsgd"
@@ -347,7 +381,18 @@ def exp_hier(base: list[str], plan: Plan) -> dict:
         rows.append({"learners": plan.hier_learners, "per_node": per_node, "backend": backend,
                      **row})
         say(f"hier {backend} per_node={per_node}", row)
-    return {"rows": rows}
+    global_batch = plan.hier_learners * plan.per_learner
+    same = [r for r in (batch or {}).get("rows", []) if r["backend"] == "ssgd"
+            and r["optimizer"] == plan.optimizer and r["learners"] == plan.hier_learners
+            and r["global_batch"] == global_batch and "skipped" not in r]
+    if same:
+        ssgd = {**same[0], "from": "batch"}
+    else:
+        ssgd = {"learners": plan.hier_learners, "global_batch": global_batch, "backend": "ssgd",
+                **training_point(base, plan, plan.hier_learners, plan.per_learner,
+                                 plan.optimizer, backend="ssgd"), "from": "hier"}
+        say("hier ssgd", ssgd)
+    return {"rows": rows, "ssgd": ssgd}
 
 
 def real_points(plan: Plan) -> list[dict]:
@@ -402,6 +447,7 @@ def real_run(base: list[str], plan: Plan, point: dict, exp: Path, tag: str) -> d
     epochs = [{"epoch": int(e), "heldout_loss": float(v)} for e, v in EPOCH_LINE.findall(text)]
     if not epochs:
         raise SystemExit(f"bench/science.py: real run {tag}: no epoch's dev_loss in {logs}")
+    shares_of(exp / "train" / name / "epochs.json", epochs)
     rates, gossip = learner_figures(exp / "train" / name)
     if not rates:
         rates = [float(v) for v in RATE_LINE.findall(text)]
@@ -412,6 +458,22 @@ def real_run(base: list[str], plan: Plan, point: dict, exp: Path, tag: str) -> d
             "frames_per_s": sum(rates) / len(rates) if rates else math.nan,
             "exchanges_per_s": sum(gossip) / len(gossip) if gossip else None,
             "wall_s": wall}
+
+
+def shares_of(record: Path, epochs: list[dict]) -> None:
+    """Each epoch's samples per learner, consensus distance and seconds from the run's epoch
+    record (``epochs.json``), into ``epochs``: the gossiping learners claim their work from the
+    epoch's one order, so their shares are the run's own."""
+    if not record.is_file():
+        return
+    summaries = json.loads(record.read_text())
+    for row in epochs:
+        summary = summaries.get(str(row["epoch"]), {})
+        keys = sorted((k for k in summary if k.startswith("samples_learner_")),
+                      key=lambda k: int(k.rsplit("_", 1)[1]))
+        row.update(samples_per_learner=[int(summary[k]) for k in keys],
+                   consensus_distance=summary.get("consensus_distance"),
+                   epoch_seconds=summary.get("epoch_seconds"))
 
 
 def learner_figures(run_dir: Path) -> tuple[list[float], list[float]]:
@@ -457,9 +519,10 @@ def real_pace(real: dict, per_learner: int, chunk: int) -> dict:
 
 
 def exp_real(base: list[str], plan: Plan, exp: Path) -> dict:
-    """Each real point beside the simulator at the same settings, its pace the real run's and
-    its sync points the real trainer's (the epochs' ends: since issue 23 the gossiping backends
-    meet nowhere else)."""
+    """Each real point ``plan.real_runs`` times (the same seed: what moves is the gossip's
+    timing), each run beside the simulator at the same settings, its pace that run's and its
+    sync points the real trainer's (the epochs' ends: since issue 23 the gossiping backends meet
+    nowhere else)."""
     from asrtrain.recipe import compose_recipe
     from asrtrain.simulate.workload import system_config
 
@@ -467,18 +530,24 @@ def exp_real(base: list[str], plan: Plan, exp: Path) -> dict:
     chunk, sync_every = int(hcfg.trainer.chunk), 0
     rows = []
     for i, point in enumerate(real_points(plan)):
-        tag = f"{i}_{point['experiment']}_{point['backend']}"
-        real = real_run(base, plan, point, exp, tag)
-        pace = real_pace(real, plan.per_learner, chunk)
-        sim_keys = {k: point[k] for k in ("topology", "delay_by_one", "per_node") if k in point}
-        sim = training_point(base, plan, plan.real_learners, plan.per_learner, plan.optimizer,
-                             epochs=plan.real_epochs, backend=point["backend"],
-                             sync_every=sync_every, idle_s=0.1, **pace, **sim_keys)
-        rows.append({**point, "learners": plan.real_learners, "real": real, "pace": pace,
-                     "simulated": sim,
-                     "difference": sim.get("heldout_loss", math.nan) - real["heldout_loss"]})
-        print(f"real {tag}: held-out loss real {real['heldout_loss']:.4f} ({real['wall_s']:.0f}"
-              f" s), simulated {sim.get('heldout_loss', math.nan):.4f}", flush=True)
+        runs = []
+        for j in range(plan.real_runs):
+            tag = f"{i}_{point['experiment']}_{point['backend']}_run{j + 1}"
+            real = real_run(base, plan, point, exp, tag)
+            pace = real_pace(real, plan.per_learner, chunk)
+            sim_keys = {k: point[k] for k in ("topology", "delay_by_one", "per_node")
+                        if k in point}
+            sim = training_point(base, plan, plan.real_learners, plan.per_learner,
+                                 plan.optimizer, epochs=plan.real_epochs,
+                                 backend=point["backend"], sync_every=sync_every, idle_s=0.1,
+                                 **pace, **sim_keys)
+            runs.append({"real": real, "pace": pace, "simulated": sim,
+                         "difference": sim.get("heldout_loss", math.nan)
+                         - real["heldout_loss"]})
+            print(f"real {tag}: held-out loss real {real['heldout_loss']:.4f} "
+                  f"({real['wall_s']:.0f} s), simulated "
+                  f"{sim.get('heldout_loss', math.nan):.4f}", flush=True)
+        rows.append({**point, "learners": plan.real_learners, "runs": runs})
     return {"rows": rows}
 
 
@@ -501,6 +570,22 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
+LOSS = "held-out frame CE (nats)"
+
+
+def _references(ax, result: dict, baseline: float | None = None,
+                baseline_label: str = "") -> None:
+    """The label-prior loss (an untrained model's reference) and, where there is one, a single
+    learner's loss, as horizontal lines."""
+    prior = result.get("label_prior_loss")
+    if prior is not None:
+        ax.axhline(prior, color="grey", linestyle="-.", linewidth=1,
+                   label=f"label prior ({prior:.2f})")
+    if baseline is not None and math.isfinite(baseline):
+        ax.axhline(baseline, color="black", linestyle=":", linewidth=1,
+                   label=f"{baseline_label} ({baseline:.3f})")
+
+
 def plot_batch(result: dict, plan: Plan, path: Path) -> None:
     opts = plan.batch_optimizers
     plt, fig, axes = _figure(len(opts))
@@ -512,12 +597,22 @@ def plot_batch(result: dict, plan: Plan, path: Path) -> None:
                         and "skipped" not in r]
                 ax.plot([r["global_batch"] for r in rows], [r["heldout_loss"] for r in rows],
                         style, label=f"{backend}, {learners} learners")
+        one = batch_baseline(result, optimizer)
+        _references(ax, result, one["heldout_loss"] if one else None,
+                    f"one learner at {one['global_batch']:,}" if one else "")
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="global batch (chunks)",
-               ylabel=f"held-out loss after {plan.epochs} epochs",
+        ax.set(xlabel="global batch (chunks)", ylabel=f"{LOSS} after {plan.epochs} epochs",
                title=f"batch tolerance, {optimizer} (LR x sqrt(B/256))")
         ax.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def batch_baseline(result: dict, optimizer: str) -> dict | None:
+    """SSGD at the smallest global batch with ``optimizer`` (the fewest learners): the same
+    arithmetic as one learner at that batch."""
+    rows = [r for r in result["rows"] if r["optimizer"] == optimizer and r["backend"] == "ssgd"
+            and "skipped" not in r]
+    return min(rows, key=lambda r: (r["global_batch"], r["learners"]), default=None)
 
 
 def plot_gap(result: dict, plan: Plan, path: Path) -> None:
@@ -531,7 +626,8 @@ def plot_gap(result: dict, plan: Plan, path: Path) -> None:
         line, = b.semilogy(range(1, len(d) + 1), d, "-", label=label)
         pred = [d[0] * row["mixing"]["predicted_rate"] ** (r / 2) for r in range(len(d))]
         b.semilogy(range(1, len(d) + 1), pred, ":", color=line.get_color())
-    a.set(xlabel="epoch", ylabel="held-out loss (consensus model)",
+    _references(a, result)
+    a.set(xlabel="epoch", ylabel=f"{LOSS}, consensus model",
           title=f"AD-PSGD, {plan.optimizer}, {plan.per_learner} chunks/learner")
     a.legend(fontsize=7)
     b.set(xlabel="gossip round", ylabel="consensus distance (zero LR)",
@@ -552,8 +648,7 @@ def _loss_vs_epochs(ax, rows: list[dict], label: Callable[[dict], str], title: s
         if "skipped" not in row:
             ax.plot([e["epoch"] for e in row["epochs"]],
                     [e["heldout_loss"] for e in row["epochs"]], "o-", label=label(row))
-    ax.set(xlabel="epoch", ylabel="held-out loss", title=title)
-    ax.legend(fontsize=8)
+    ax.set(xlabel="epoch", ylabel=LOSS, title=title)
 
 
 def plot_delay(result: dict, plan: Plan, path: Path) -> None:
@@ -561,9 +656,12 @@ def plot_delay(result: dict, plan: Plan, path: Path) -> None:
     rows = result["rows"]
     _loss_vs_epochs(a, rows, lambda r: f"{r['speed']}, delay-by-one {r['delay_by_one']}",
                     f"AD-PSGD, {plan.delay_learners} learners")
+    _references(a, result)
+    a.legend(fontsize=8)
     labels = [f"{r['speed'].split(':')[0]}\n{'d1' if r['delay_by_one'] else 'no d1'}"
               for r in rows]
     b.bar(labels, [r.get("rounds", 0) for r in rows])
+    b.set_ylim(bottom=0)
     b.set(ylabel="gossip rounds in the run", title="rounds (exchange = half a step)")
     _save(plt, fig, path)
 
@@ -573,28 +671,313 @@ def plot_hier(result: dict, plan: Plan, path: Path) -> None:
     _loss_vs_epochs(a, result["rows"], lambda r: f"{r['backend']} per node {r['per_node']} "
                     f"({r.get('members', '?')} gossip members)",
                     f"{plan.hier_learners} learners")
+    ssgd = result.get("ssgd", {})
+    _references(a, result, ssgd.get("heldout_loss"),
+                f"SSGD = one learner at {ssgd.get('global_batch', 0):,}")
+    a.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def _point_label(r: dict) -> str:
+    return (f"{r['experiment']}: {r['backend']}"
+            f"{'' if r['backend'] == 'ssgd' else chr(10) + r['topology']}"
+            f"{' d1' if r.get('delay_by_one') else ''}"
+            f"{chr(10) + 'nodes of ' + str(r['per_node']) if 'per_node' in r else ''}")
 
 
 def plot_real(result: dict, plan: Plan, path: Path) -> None:
-    plt, fig, (a,) = _figure(1, 7)
+    """Each run's real and simulated loss, bars from zero; the real SSGD's (one learner's
+    arithmetic at the global batch) and the label prior as lines."""
+    plt, fig, (a,) = _figure(1, 8)
     rows = result["rows"]
-    labels = [f"{r['experiment']}\n{r['backend']}"
-              f"{'' if r['backend'] == 'ssgd' else ' ' + r['topology']}"
-              f"{' d1' if r.get('delay_by_one') else ''}"
-              f"{' nodes of ' + str(r['per_node']) if 'per_node' in r else ''}" for r in rows]
-    x = range(len(rows))
-    a.bar([i - 0.2 for i in x], [r["real"]["heldout_loss"] for r in rows], 0.4, label="real")
-    a.bar([i + 0.2 for i in x], [r["simulated"].get("heldout_loss", math.nan) for r in rows],
-          0.4, label="simulated")
-    losses = [v for r in rows for v in (r["real"]["heldout_loss"],
-                                        r["simulated"].get("heldout_loss", math.nan))]
-    a.set_ylim(0.95 * min(losses), 1.02 * max(losses))
-    a.set_xticks(list(x), labels, fontsize=7)
-    a.set(ylabel=f"held-out loss after {plan.real_epochs} epochs",
+    runs = max((len(r["runs"]) for r in rows), default=1)
+    width = 0.8 / (2 * runs)
+    for j in range(runs):
+        for k, (key, name) in enumerate((("real", "real"), ("simulated", "simulated"))):
+            offset = -0.4 + width * (2 * j + k + 0.5)
+            a.bar([i + offset for i in range(len(rows))],
+                  [r["runs"][j][key].get("heldout_loss", math.nan) if j < len(r["runs"])
+                   else math.nan for r in rows], width,
+                  label=f"{name}, run {j + 1}", color=f"C{k}", alpha=1.0 - 0.35 * j)
+    ssgd = [r for r in rows if r["backend"] == "ssgd"]
+    baseline = (sum(run["real"]["heldout_loss"] for run in ssgd[0]["runs"])
+                / len(ssgd[0]["runs"])) if ssgd else None
+    _references(a, result, baseline, "real SSGD = one learner's arithmetic")
+    a.set_ylim(bottom=0)
+    a.set_xticks(list(range(len(rows))), [_point_label(r) for r in rows], fontsize=7)
+    a.set(ylabel=f"{LOSS} after {plan.real_epochs} epochs",
           title=f"{plan.real_learners} real gloo learners vs the simulator")
-    a.legend()
+    a.legend(fontsize=7)
     _save(plt, fig, path)
+
+
+# -- docs/science.md's tables (tests/test_science_tables.py: the doc's are these of the committed
+# compact JSONs) -----------------------------------------------------------------------------------
+
+def _sci(x: float) -> str:
+    """One significant digit and a short exponent: 4.8e-2."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.4f}" if abs(x) < 0.005 else f"{x:+.3f}"
+
+
+def _loss(row: dict | None, digits: int = 3) -> str:
+    if row is None or "skipped" in row:
+        return "—"
+    return f"{row['heldout_loss']:.{digits}f}"
+
+
+def _steps(row: dict) -> str:
+    steps = row.get("epoch_steps") or []
+    if not steps:
+        return "—"
+    return str(steps[0]) if min(steps) == max(steps) else f"{min(steps)}–{max(steps)}"
+
+
+def _optimizer_label(name: str, optimizers: dict) -> str:
+    lr = optimizers[name]["lr"]
+    if name == "adam":
+        return f"Adam {_sci(lr).replace('.0e', 'e')}"
+    return f"SGD {lr:g}, momentum 0.9"
+
+
+def table_batch(result: dict) -> str:
+    """(a) Batch tolerance: a row for each optimizer, learner count and global batch."""
+    optimizers = result.get("optimizers", OPTIMIZERS)
+    rows = result["rows"]
+    trained = [r for r in rows if "skipped" not in r]
+    best = min(trained, key=lambda r: r["heldout_loss"], default=None)
+    lines = ["| optimizer | learners | global batch (chunks) | steps an epoch | SSGD | "
+             "AD-PSGD (random ring) |", "|---|---|---|---|---|---|"]
+    named = set()
+    keys = list(dict.fromkeys((r["optimizer"], r["learners"], r["global_batch"]) for r in rows))
+    for optimizer, learners, global_batch in keys:
+        pair = {r["backend"]: r for r in rows if (r["optimizer"], r["learners"],
+                                                 r["global_batch"]) == (optimizer, learners,
+                                                                        global_batch)}
+        cells = []
+        for backend in ("ssgd", "adpsgd"):
+            cell = _loss(pair.get(backend))
+            cells.append(f"**{cell}**" if pair.get(backend) is best else cell)
+        label = optimizer.upper() if optimizer == "sgd" else optimizer.capitalize()
+        if optimizer not in named:
+            label = _optimizer_label(optimizer, optimizers)
+            named.add(optimizer)
+        steps = _steps(pair.get("ssgd") or pair.get("adpsgd"))
+        lines.append(f"| {label} | {learners} | {global_batch:,} | {steps} | {cells[0]} | "
+                     f"{cells[1]} |")
+    return "\n".join(lines)
+
+
+TOPOLOGY_NAMES = {"ring": "ring", "random_ring": "random ring", "exponential": "exponential"}
+
+
+def table_gap(result: dict) -> str:
+    """(b) Each learner count and topology: gap, bound, measured mixing, losses per epoch,
+    consensus distance at the end (the final losses bold beyond the smallest learner count)."""
+    rows = result["rows"]
+    epochs = max((len(r.get("epochs", [])) for r in rows), default=0)
+    smallest = min((r["learners"] for r in rows), default=0)
+    lines = ["| learners | topology | spectral gap | bound on the squared distance a round | "
+             "measured | held-out loss, epoch " + " / ".join(str(e + 1) for e in range(epochs))
+             + " | consensus distance at the end |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mix = r["mixing"]
+        if "skipped" in r:
+            losses, distance = "—", "—"
+        else:
+            values = [f"{e['heldout_loss']:.3f}" for e in r["epochs"]]
+            if r["learners"] > smallest:
+                values[-1] = f"**{values[-1]}**"
+            losses, distance = " / ".join(values), _sci(r["distance"])
+        lines.append(f"| {r['learners']} | {TOPOLOGY_NAMES[r['topology']]} | "
+                     f"{mix['spectral_gap']:.4f} | {mix['predicted_rate']:.3f} | "
+                     f"{mix['measured_rate']:.3f} | {losses} | {distance} |")
+    return "\n".join(lines)
+
+
+def _speed_label(speed: str) -> str:
+    if speed == "equal":
+        return "equal"
+    kind, *args = speed.split(":")
+    if kind == "straggler" and len(args) == 2:
+        count, factor = int(args[0]), float(args[1])
+        who = "one learner" if count == 1 else f"{count} learners"
+        return f"{who} {factor:g}x slower"
+    return speed
+
+
+def table_delay(result: dict) -> str:
+    lines = ["| speed | delay-by-one | gossip rounds | held-out loss | consensus distance at the "
+             "end | simulated s |", "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        d1 = "yes" if r["delay_by_one"] else "no"
+        if "skipped" in r:
+            lines.append(f"| {_speed_label(r['speed'])} | {d1} | — | — | — | — |")
+            continue
+        lines.append(f"| {_speed_label(r['speed'])} | {d1} | {r['rounds']} | {_loss(r)} | "
+                     f"{_sci(r['distance'])} | {r['simulated_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def table_hier(result: dict) -> str:
+    lines = ["| | gossip members | gossip rounds | held-out loss |", "|---|---|---|---|"]
+    for r in result["rows"]:
+        name = "flat AD-PSGD" if r["per_node"] == 1 else f"H-AD-PSGD, nodes of {r['per_node']}"
+        if "skipped" in r:
+            lines.append(f"| {name} | — | — | — |")
+        else:
+            lines.append(f"| {name} | {r['members']} | {r['rounds']} | {_loss(r)} |")
+    ssgd = result.get("ssgd")
+    if ssgd is not None:
+        where = ", from (a)" if ssgd.get("from") == "batch" else ""
+        lines.append(f"| (SSGD, the same global batch{where}) | — | — | {_loss(ssgd)} |")
+    return "\n".join(lines)
+
+
+EXPERIMENT_LETTER = {"batch": "(a)", "gap": "(b)", "delay": "(b)", "hier": "(c)"}
+
+
+def _real_point(r: dict) -> str:
+    letter = EXPERIMENT_LETTER.get(r["experiment"], r["experiment"])
+    if r["backend"] == "ssgd":
+        return f"{letter} SSGD"
+    if r["backend"] == "hadpsgd":
+        nodes = r["learners"] // r["per_node"]
+        return f"{letter} H-AD-PSGD, {nodes} nodes of {r['per_node']}"
+    ring = "fixed ring" if r["topology"] == "ring" else TOPOLOGY_NAMES.get(
+        r["topology"], r["topology"]).replace("random ring", "randomized ring")
+    return f"{letter} AD-PSGD, {ring}{', delay-by-one' if r.get('delay_by_one') else ''}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds else "—"
+
+
+def table_real(result: dict) -> str:
+    """Each point: every run's real loss (and wall), the simulator beside each run, their
+    differences, and the first run's pace."""
+    rows = result["rows"]
+    runs = max((len(r["runs"]) for r in rows), default=1)
+    which = " / ".join(f"run {j + 1}" for j in range(runs))
+    lines = [f"| point | real, {which} (wall) | simulated, beside {which} | simulated - real | "
+             "real pace (run 1): step / exchange |", "|---|---|---|---|---|"]
+    for r in rows:
+        real = " / ".join(f"{run['real']['heldout_loss']:.4f}" for run in r["runs"])
+        walls = " / ".join(f"{run['real']['wall_s']:.0f}" for run in r["runs"])
+        sim = " / ".join(_loss(run["simulated"], 4) for run in r["runs"])
+        diffs = [_signed(run["difference"]) for run in r["runs"]]
+        diff = diffs[0] if len(set(diffs)) == 1 else " / ".join(diffs)
+        pace = r["runs"][0]["pace"]
+        lines.append(f"| {_real_point(r)} | {real} ({walls} s) | {sim} | {diff} | "
+                     f"{_ms(pace['step_s'])} / {_ms(pace['exchange_s'])} |")
+    return "\n".join(lines)
+
+
+def table_quick_batch(result: dict) -> str:
+    lines = ["| global batch (chunks) | SSGD held-out loss | AD-PSGD (random ring) |",
+             "|---|---|---|"]
+    rows = result["batch_tolerance"]
+    for global_batch in dict.fromkeys(r["global_batch"] for r in rows):
+        pair = {r["backend"]: r for r in rows if r["global_batch"] == global_batch}
+        learners = next(iter(pair.values()))["learners"]
+        lines.append(f"| {global_batch:,} ({learners} x {global_batch // learners}) | "
+                     f"{_loss(pair.get('ssgd'))} | {_loss(pair.get('adpsgd'))} |")
+    return "\n".join(lines)
+
+
+QUICK_TOPOLOGY_NAMES = {"ring": "fixed ring", "random_ring": "randomized ring",
+                        "exponential": "exponential graph"}
+
+
+def exact_after(distances: list[float], tolerance: float = 1e-5) -> int | None:
+    """The gossip round (1-based, as the distances are logged) after which the zero-LR
+    distance is float rounding: below ``tolerance`` of the first round's; None if never."""
+    for r, d in enumerate(distances):
+        if distances[0] > 0 and d <= tolerance * distances[0]:
+            return r + 1
+    return None
+
+
+def table_quick_gap(result: dict) -> str:
+    rows = result["spectral_gap"]
+    learners = rows[0]["learners"] if rows else LEARNERS
+    rounds = rows[0].get("rounds", len(rows[0]["zero_lr_distance"])) if rows else 0
+    lines = [f"| {learners} learners, zero LR | spectral gap | predicted contraction of the "
+             f"squared distance per round (at most) | measured over {rounds} rounds |",
+             "|---|---|---|---|"]
+    for r in rows:
+        exact = exact_after(r["zero_lr_distance"])
+        note = f" (exact consensus after {exact} rounds)" if exact else ""
+        lines.append(f"| {QUICK_TOPOLOGY_NAMES[r['topology']]} | {r['spectral_gap']:.3f} | "
+                     f"{r['predicted_rate']:.3f} | {r['measured_rate']:.3f}{note} |")
+    return "\n".join(lines)
+
+
+TABLES = {"batch": table_batch, "gap": table_gap, "delay": table_delay, "hier": table_hier,
+          "real": table_real, "quick_batch": table_quick_batch, "quick_gap": table_quick_gap}
+
+
+# -- the compact JSON for docs/science -------------------------------------------------------------
+
+LONG = ("points", "learning_distance")  # trajectories: dropped from the committed copy when long
+KEEP = 5
+
+
+def compact(result: dict) -> dict:
+    """``result`` without its long trajectories (a ``<key>`` list of more than a few entries is
+    replaced by ``<key>_dropped``: its length) and with this checkout's path made relative."""
+    prefix = f"{REPO}/"
+
+    def walk(x: object) -> object:
+        if isinstance(x, dict):
+            out = {}
+            for k, v in x.items():
+                if k in LONG and isinstance(v, list) and len(v) > KEEP:
+                    out[f"{k}_dropped"] = len(v)
+                else:
+                    out[k] = walk(v)
+            return out
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, str):
+            return x.replace(prefix, "")
+        return x
+    return walk(copy.deepcopy(result))
+
+
+def write_docs_json(docs: Path, name: str, result: dict) -> Path:
+    path = docs / "science" / f"science_{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(compact(result), indent=1) + "\n")
+    return path
+
+
+def copy_png(docs: Path, src: Path) -> None:
+    (docs / "img").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, docs / "img" / src.name)
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc), so that a wall time counts the
+    interpreter's start and its imports; the time since this module was loaded elsewhere."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _LOADED
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and of the children it waited for (the asrtrain runs)."""
+    own, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                  resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
 
 
 EXPERIMENTS = {"batch": (exp_batch, plot_batch), "gap": (exp_gap, plot_gap),
@@ -602,39 +985,80 @@ EXPERIMENTS = {"batch": (exp_batch, plot_batch), "gap": (exp_gap, plot_gap),
                "real": (exp_real, plot_real)}
 
 
+def done_before(path: Path, plan: Plan) -> dict | None:
+    """The result at ``path`` if it was made for ``plan``."""
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    # as JSON has it: tuples are lists
+    return result if result.get("plan") == json.loads(json.dumps(asdict(plan))) else None
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def code_state() -> dict:
+    """The commit the run used and the files of the package that differed from it (a run on
+    a working tree under edit says so)."""
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return proc.stdout.rstrip() if proc.returncode == 0 else ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "modified": git("status", "--short", "--", "asrtrain").splitlines()}
+
+
 def run_plan(plan: Plan, out: Path, exp: Path | None, only: list[str], redo: bool,
-             docs: bool) -> dict:
-    """Every experiment of ``plan`` (or ``only`` those), each to its JSON + PNG."""
+             docs: Path | None, command: str = "") -> dict:
+    """Every experiment of ``plan`` (or ``only`` those), each to its JSON + PNG under ``out``;
+    with ``docs``, the PNGs copied to ``docs/img`` and the compact results written to
+    ``docs/science`` (:func:`compact`)."""
 
     torch.set_num_threads(1)
     start = time.perf_counter()
     default = f"exp-{plan.hours:g}h" if plan.hours else "exp-tiny"
     exp = (exp or SCIENCE_DIR / default).resolve()
     base = ensure_exp(exp, corpus_overrides(plan.hours, SCIENCE_DIR))
+    setup_s = time.perf_counter() - start
+    prior = label_prior_loss(base)
+    print(f"label-prior loss (entropy of the training alignments' pdf prior): {prior:.4f} nats",
+          flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    walls = {}
+    walls: dict[str, float] = {}
+    results: dict[str, dict] = {}
     for name in only or list(EXPERIMENTS):
         run, plot = EXPERIMENTS[name]
         path = out / f"science_{name}.json"
-        if path.is_file() and not redo and json.loads(path.read_text()).get("plan") == \
-                json.loads(json.dumps(asdict(plan))):  # as JSON has it: tuples are lists
+        result = None if redo else done_before(path, plan)
+        if result is not None:
             print(f"{name}: done before ({path})", flush=True)
-            result = json.loads(path.read_text())
         else:
-            t = time.perf_counter()
+            t, load_start, code = time.perf_counter(), load(), code_state()
             print(f"== {name}", flush=True)
-            result = run(base, plan, exp) if name == "real" else run(base, plan)
-            result.update(plan=asdict(plan), wall_s=time.perf_counter() - t, base=base)
+            if name == "real":
+                result = exp_real(base, plan, exp)
+            elif name == "hier":
+                batch = results.get("batch") or done_before(out / "science_batch.json", plan)
+                result = exp_hier(base, plan, batch)
+            else:
+                result = run(base, plan)
+            result.update(plan=asdict(plan), wall_s=time.perf_counter() - t, base=base,
+                          label_prior_loss=prior, load=[load_start, load()],
+                          command=command, code=code)
             write_text(path, json.dumps(result, indent=1) + "\n")
+        results[name] = result
         walls[name] = result["wall_s"]
         plot(result, plan, out / f"science_{name}.png")
-        if docs:
-            DOCS_IMG.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out / f"science_{name}.png", DOCS_IMG / f"science_{name}.png")
-    summary = {"plan": asdict(plan), "wall_s": time.perf_counter() - start,
-               "experiment_wall_s": walls}
+        if docs is not None:
+            copy_png(docs, out / f"science_{name}.png")
+            write_docs_json(docs, name, result)
+    summary = {"plan": asdict(plan), "wall_s": time.perf_counter() - start, "setup_s": setup_s,
+               "process_wall_s": process_age(), "cpu_s": cpu_s(),
+               "experiment_wall_s": walls, "command": command}
     write_text(out / "science_summary.json", json.dumps(summary, indent=1) + "\n")
-    print(f"wrote {len(walls)} experiments under {out} ({summary['wall_s']:.0f} s)")
+    print(f"wrote {len(walls)} experiments under {out} ({summary['wall_s']:.0f} s, of which "
+          f"{setup_s:.0f} s the corpus and experiment dir; {summary['process_wall_s']:.0f} s "
+          f"since the process started, {summary['cpu_s']:.0f} CPU-s)")
     return summary
 
 
@@ -661,7 +1085,7 @@ def spectral_gap_point(base: list[str]) -> list[dict]:
         mix = mixing(base, LEARNERS, topology, 9)
         learning = simulate([*base, *MODEL, "hybrid.trainer.batch_chunks=16",
                              f"trainer.topology={topology}"], topology=topology, log_every=5)
-        rows.append({"topology": topology, "learners": LEARNERS,
+        rows.append({"topology": topology, "learners": LEARNERS, "rounds": 9,
                      "spectral_gap": mix["spectral_gap"],
                      "predicted_rate": mix["predicted_rate"],
                      "measured_rate": mix["measured_rate"], "zero_lr_distance": mix["distance"],
@@ -680,10 +1104,14 @@ def plot_quick(result: dict, path: Path) -> None:
         rows = [r for r in result["batch_tolerance"] if r["backend"] == backend]
         a.plot([r["global_batch"] for r in rows], [r["heldout_loss"] for r in rows], "o-",
                label=backend)
+    ssgd = [r for r in result["batch_tolerance"] if r["backend"] == "ssgd"]
+    one = min(ssgd, key=lambda r: r["global_batch"], default=None)
+    _references(a, result, one["heldout_loss"] if one else None,
+                f"one learner at {one['global_batch']:,}" if one else "")
     a.set_xscale("log", base=2)
-    a.set(xlabel="global batch (chunks)", ylabel=f"held-out loss after {EPOCHS} epochs",
+    a.set(xlabel="global batch (chunks)", ylabel=f"{LOSS} after {EPOCHS} epochs",
           title=f"batch tolerance, {LEARNERS} simulated learners (tiny)")
-    a.legend()
+    a.legend(fontsize=8)
     for row in result["spectral_gap"]:
         d = row["zero_lr_distance"]
         line, = b.semilogy(range(1, len(d) + 1), d, "o-", label=f"{row['topology']} "
@@ -696,19 +1124,33 @@ def plot_quick(result: dict, path: Path) -> None:
     _save(plt, fig, path)
 
 
-def run_quick(out: Path, exp: Path | None) -> None:
+def run_quick(out: Path, exp: Path | None, docs: Path | None = DOCS,
+              command: str = "") -> dict:
+    """The quick experiments; ``wall_s`` is the process's whole time (the interpreter's start,
+    the imports and the experiment dir when it has to be made included), printed at the end."""
     torch.set_num_threads(1)
-    start = time.perf_counter()
-    base = ensure_exp((exp or SCIENCE_DIR / "exp-tiny").resolve())
+    load_start, t = load(), time.perf_counter()
+    exp = (exp or SCIENCE_DIR / "exp-tiny").resolve()
+    built = not (exp / ".done" / "align").is_file()
+    base = ensure_exp(exp)
+    exp_s = time.perf_counter() - t
     result = {"learners": LEARNERS, "epochs": EPOCHS, "model": MODEL,
+              "label_prior_loss": label_prior_loss(base),
               "batch_tolerance": batch_tolerance(base), "spectral_gap": spectral_gap_point(base)}
-    result["wall_s"] = time.perf_counter() - start
+    result.update(wall_s=process_age(), cpu_s=cpu_s(), experiment_built=built,
+                  experiment_s=exp_s, load=[load_start, load()], command=command,
+                  code=code_state())
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "science_quick.json", json.dumps(result, indent=1) + "\n")
     plot_quick(result, out / "science_quick.png")
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(out / "science_quick.png", DOCS_IMG / "science_quick.png")
-    print(f"wrote {out / 'science_quick.json'} and science_quick.png ({result['wall_s']:.0f} s)")
+    if docs is not None:
+        copy_png(docs, out / "science_quick.png")
+        write_docs_json(docs, "quick", result)
+    made = f"making {exp.name} {exp_s:.0f} s" if built else f"{exp.name} made before"
+    print(f"wrote {out / 'science_quick.json'} and science_quick.png: {result['wall_s']:.0f} s "
+          f"wall from the process's start ({made}), {result['cpu_s']:.0f} CPU-s, load "
+          f"{result['load'][0]:g} -> {result['load'][1]:g}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -725,13 +1167,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="the experiment dir with features and alignments (made when missing; "
                         "default exp/science/exp-<H>h or exp-tiny)")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--no-docs", action="store_true", help="do not copy the PNGs to docs/img")
+    p.add_argument("--docs", type=Path, default=DOCS,
+                   help="where the PNGs (<docs>/img) and the compact JSONs (<docs>/science) go "
+                        "(default docs/; tests point it elsewhere)")
+    p.add_argument("--no-docs", action="store_true",
+                   help="neither copy the PNGs nor write the compact JSONs")
     args = p.parse_args(argv)
+    command = " ".join(["python bench/science.py",
+                        *(sys.argv[1:] if argv is None else argv)]).replace(f"{REPO}/", "")
+    docs = None if args.no_docs else args.docs.resolve()
     if args.quick:
-        run_quick(args.out, args.exp)
+        run_quick(args.out, args.exp, docs, command)
         return
     plan = FULL if args.full else PLANS[args.size]
-    run_plan(plan, args.out, args.exp, args.only, args.redo, docs=not args.no_docs)
+    run_plan(plan, args.out, args.exp, args.only, args.redo, docs, command)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def small_run(tmp_path_factory: pytest.TempPathFactory, tiny_tri1: Path) -> Path
     out = tmp_path_factory.mktemp("science")
     shutil.copytree(tiny_tri1, out / "exp", symlinks=True)
     proc = subprocess.run([sys.executable, "bench/science.py", "--size", "small", "--out",
-                           str(out / "results"), "--exp", str(out / "exp"), "--no-docs"],
+                           str(out / "results"), "--exp", str(out / "exp"), "--docs",
+                           str(out / "docs")],  # never the repository's docs/
                           cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "results"
@@ -64,10 +65,12 @@ def test_small_size_writes_every_experiment(small_run: Path) -> None:
         trained = [r for r in result["rows"] if "skipped" not in r]
         assert trained, name
         for row in trained:
-            losses = [row["real"]["heldout_loss"], row["simulated"]["heldout_loss"]] \
+            losses = [v for run in row["runs"] for v in (run["real"]["heldout_loss"],
+                                                         run["simulated"]["heldout_loss"])] \
                 if name == "real" else [row["heldout_loss"], *(e["heldout_loss"]
                                                                 for e in row["epochs"])]
             assert all(finite(v) and v > 0 for v in losses), (name, row)
+        assert finite(result["label_prior_loss"]) and result["label_prior_loss"] > 0, name
     summary = json.loads((small_run / "science_summary.json").read_text())
     assert set(summary["experiment_wall_s"]) == set(EXPERIMENTS)
 
@@ -88,14 +91,70 @@ def test_small_size_results_mean_what_they_say(small_run: Path) -> None:
         assert mix["distance"][-1] < mix["distance"][0]
     fixed = {r["learners"]: r["mixing"]["spectral_gap"] for r in gap if r["topology"] == "ring"}
     assert fixed[8] < fixed[4]  # the fixed ring's gap shrinks as learners are added
-    hier = json.loads((small_run / "science_hier.json").read_text())["rows"]
-    assert [r["members"] for r in hier] == [8, 2]  # 8 flat learners; 2 nodes of 4
+    hier = json.loads((small_run / "science_hier.json").read_text())
+    assert [r["members"] for r in hier["rows"]] == [8, 2]  # 8 flat learners; 2 nodes of 4
+    # SSGD beside them: no point of (a) at 8 learners in the small plan, so simulated there
+    assert hier["ssgd"]["members"] == 1 and hier["ssgd"]["from"] == "hier"
+    assert hier["ssgd"]["global_batch"] == plan.hier_learners * plan.per_learner
     real = json.loads((small_run / "science_real.json").read_text())["rows"]
     assert [r["backend"] for r in real] == ["ssgd", "adpsgd", "adpsgd", "adpsgd", "hadpsgd"]
-    assert all(r["real"]["frames_per_s"] > 0 and r["pace"]["step_s"] > 0 for r in real)
+    assert all(len(r["runs"]) == plan.real_runs for r in real)
+    runs = [run for r in real for run in r["runs"]]
+    assert all(run["real"]["frames_per_s"] > 0 and run["pace"]["step_s"] > 0 for run in runs)
+    for run in runs:  # each epoch's shares of the work, from the run's epoch record
+        for epoch in run["real"]["epochs"]:
+            assert len(epoch["samples_per_learner"]) == plan.real_learners, epoch
+            assert sum(epoch["samples_per_learner"]) > 0, epoch
     # SSGD: the simulator is the real trainer's arithmetic (tests/test_simulate.py: to 1e-5)
-    assert real[0]["simulated"]["heldout_loss"] == pytest.approx(real[0]["real"]["heldout_loss"],
-                                                                  abs=2e-3)
+    for run in real[0]["runs"]:
+        assert run["simulated"]["heldout_loss"] == pytest.approx(run["real"]["heldout_loss"],
+                                                                 abs=2e-3)
+    # the steps an epoch of (a)'s table: every learner the same, SSGD and AD-PSGD alike
+    assert all(r["epoch_steps"] and min(r["epoch_steps"]) > 0 for r in batch)
+
+
+def table_rows(table: str) -> list[str]:
+    lines = table.splitlines()
+    assert lines[1].startswith("|---"), table
+    return lines[2:]
+
+
+@pytest.mark.timeout(1800)
+def test_every_table_renders_the_small_run_and_its_compact_copy(small_run: Path) -> None:
+    """docs/science.md's table of each experiment (science.table_<name>) has a row per point
+    of the run, and renders the same from the compact copy written to --docs (what is
+    committed), which keeps no long trajectory and says how it was made."""
+    docs = small_run.parent / "docs"
+    expected_rows = {"batch": lambda r: len({(x["optimizer"], x["learners"], x["global_batch"])
+                                             for x in r["rows"]}),
+                     "gap": lambda r: len(r["rows"]), "delay": lambda r: len(r["rows"]),
+                     "hier": lambda r: len(r["rows"]) + 1,  # and SSGD at the same batch
+                     "real": lambda r: len(r["rows"])}
+    for name in EXPERIMENTS:
+        result = json.loads((small_run / f"science_{name}.json").read_text())
+        table = science.TABLES[name](result)
+        rows = table_rows(table)
+        assert len(rows) == expected_rows[name](result), (name, table)
+        assert all(row.startswith("| ") and row.endswith(" |") for row in rows), table
+        path = docs / "science" / f"science_{name}.json"
+        assert path.stat().st_size < 64_000, (name, path.stat().st_size)
+        committed = json.loads(path.read_text())
+        assert science.TABLES[name](committed) == table, name
+        assert "--size small" in committed["command"] and committed["wall_s"] > 0
+        assert committed["label_prior_loss"] == result["label_prior_loss"]
+        assert str(REPO) not in path.read_text()  # paths relative to the checkout
+        assert not any(len(v) > science.KEEP for v in lists_named(committed, science.LONG))
+        assert (docs / "img" / f"science_{name}.png").stat().st_size > 1000, name
+
+
+def lists_named(x: object, keys: tuple[str, ...]) -> list[list]:
+    """Every list in ``x`` under one of ``keys``, however deep."""
+    if isinstance(x, dict):
+        return [v for k, v in x.items() if k in keys and isinstance(v, list)] + [
+            found for v in x.values() for found in lists_named(v, keys)]
+    if isinstance(x, list):
+        return [found for v in x for found in lists_named(v, keys)]
+    return []
 
 
 @pytest.mark.timeout(600)

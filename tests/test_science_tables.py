@@ -1,0 +1,110 @@
+"""docs/science.md's tables of bench/science.py's experiments are that script's table_<name> of
+the committed compact results, docs/science/science_<name>.json (written by `python
+bench/science.py --full` and `--quick`): a figure in those tables can be checked without a rerun.
+A missing JSON fails: the doc's tables have nothing behind them then."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import science  # bench/science.py (conftest puts bench/ on the path)
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "science.md"
+COMMITTED = REPO / "docs" / "science"
+
+# (the JSON's name, the table, the heading the table follows in the doc, which table after it)
+CASES = [
+    ("batch", "batch", "### (a) Batch tolerance", 0),
+    ("gap", "gap", "### (b) Spectral gap, randomized ring, exponential graph", 0),
+    ("delay", "delay", "### Delay-by-one, with and without a straggler", 0),
+    ("hier", "hier", "### (c) H-AD-PSGD", 0),
+    ("real", "real", "### Real multi-process confirmation at 8 learners", 0),
+    ("quick", "quick_batch", "## Quick experiments", 0),
+    ("quick", "quick_gap", "## Quick experiments", 1),
+]
+
+
+def section_tables(text: str, heading: str) -> list[list[str]]:
+    """The tables (their lines) of the section that starts at the line beginning with
+    ``heading``, up to the next heading of its level or above."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(heading)]
+    assert len(starts) == 1, f"{heading!r}: {len(starts)} headings in {DOC}"
+    level = len(heading) - len(heading.lstrip("#"))
+    tables: list[list[str]] = []
+    current: list[str] = []
+    for line in lines[starts[0] + 1:]:
+        hashes = len(line) - len(line.lstrip("#"))
+        if 0 < hashes <= level and line[hashes:hashes + 1] == " ":
+            break
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+@pytest.mark.parametrize(("name", "table", "heading", "index"), CASES,
+                         ids=[case[1] for case in CASES])
+def test_the_docs_table_is_the_committed_json(name: str, table: str, heading: str,
+                                              index: int) -> None:
+    path = COMMITTED / f"science_{name}.json"
+    assert path.is_file(), f"{path} is not committed: run python bench/science.py " \
+        f"{'--quick' if name == 'quick' else '--full'}"
+    committed = json.loads(path.read_text())
+    tables = section_tables(DOC.read_text(), heading)
+    assert len(tables) > index, f"{heading!r}: {len(tables)} tables"
+    assert tables[index] == getattr(science, f"table_{table}")(committed).splitlines()
+
+
+@pytest.mark.parametrize("name", ["batch", "gap", "delay", "hier", "real", "quick"])
+def test_the_committed_json_is_compact_and_says_how_it_was_made(name: str) -> None:
+    path = COMMITTED / f"science_{name}.json"
+    assert path.is_file(), f"{path} is not committed"
+    assert path.stat().st_size < 64_000, path.stat().st_size
+    committed = json.loads(path.read_text())
+    mode = "--quick" if name == "quick" else "--full"
+    assert committed["command"].startswith("python bench/science.py") and \
+        mode in committed["command"]
+    assert committed["wall_s"] > 0 and committed["label_prior_loss"] > 0
+    if name != "quick":
+        assert committed["plan"]["name"] == "full"
+        assert committed["plan"]["real_runs"] == science.FULL.real_runs
+
+
+def test_the_quick_tables_on_known_figures() -> None:
+    """table_quick_batch / table_quick_gap on a made-up result (the --quick run is minutes:
+    not run by the suite)."""
+    result = {"batch_tolerance": [
+        {"backend": b, "learners": 16, "global_batch": g, "heldout_loss": loss}
+        for g, pair in ((64, (1.8371, 2.6069)), (1024, (3.9712, 4.004)))
+        for b, loss in zip(("ssgd", "adpsgd"), pair, strict=True)],
+        "spectral_gap": [
+            {"topology": "ring", "learners": 16, "rounds": 9, "spectral_gap": 0.0989,
+             "predicted_rate": 0.9011, "measured_rate": 0.8121,
+             "zero_lr_distance": [1.0, 0.9, 0.8, 0.7]},
+            {"topology": "exponential", "learners": 16, "rounds": 9, "spectral_gap": 0.25,
+             "predicted_rate": 0.75, "measured_rate": 0.0071,
+             "zero_lr_distance": [1.0, 0.5, 0.2, 3e-8, 2e-8]}]}
+    assert science.table_quick_batch(result).splitlines() == [
+        "| global batch (chunks) | SSGD held-out loss | AD-PSGD (random ring) |",
+        "|---|---|---|",
+        "| 64 (16 x 4) | 1.837 | 2.607 |",
+        "| 1,024 (16 x 64) | 3.971 | 4.004 |"]
+    assert science.table_quick_gap(result).splitlines()[2:] == [
+        "| fixed ring | 0.099 | 0.901 | 0.812 |",
+        "| exponential graph | 0.250 | 0.750 | 0.007 (exact consensus after 4 rounds) |"]
+    assert science.table_quick_gap(result).splitlines()[0].endswith("| measured over 9 rounds |")
+
+
+def test_number_formats() -> None:
+    assert science._sci(0.0482) == "4.8e-2" and science._sci(0.26) == "2.6e-1"
+    assert science._signed(-0.0008) == "-0.0008" and science._signed(0.046) == "+0.046"
+    assert science._optimizer_label("adam", science.OPTIMIZERS) == "Adam 1e-3"
+    assert science._optimizer_label("sgd", science.OPTIMIZERS) == "SGD 0.5, momentum 0.9"
