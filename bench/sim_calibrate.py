@@ -137,22 +137,18 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
     nbytes = free["model_bytes"]
     base = predict(backend, learners, delay, nbytes, unlimited, 1.0)
     epochs = free["epochs"]
-    if "epoch_seconds" in free:
-        # The unlimited run's training seconds (its last epoch's, learner 0's) over its steps:
-        # a step's seconds; the rest of its wall time (the epoch's end: evaluation, checkpoints,
-        # and what the model gives its link, next to nothing) is a fixed cost, added to the
-        # limited run's prediction as measured.
-        per_step = free["epoch_seconds"] / (free["steps_mean"] / epochs) - base.allreduce_s
-        fixed = free["run_seconds"] - simulated_wall(
-            backend, learners, delay, nbytes, unlimited,
-            predict(backend, learners, delay, nbytes, unlimited, per_step), free["steps_mean"],
-            epochs)
-    else:  # runs recorded before epoch_seconds: the fixed cost spread over the steps
-        free_wall = simulated_wall(backend, learners, delay, nbytes, unlimited, base,
-                                   free["steps_mean"], epochs)  # its gossip at 1 s a step
-        per_step = (free["run_seconds"] - (free_wall - free["steps_mean"] * base.step_s)) / free[
-            "steps_mean"] - base.allreduce_s
-        fixed = 0.0
+    if "epoch_seconds" not in free:
+        raise SystemExit("sim_calibrate: runs recorded before epoch_seconds (before a5f12b2) "
+                         "cannot be compared; run them again")
+    # The unlimited run's training seconds (its last epoch's, learner 0's) over its steps: a
+    # step's seconds; the rest of its wall time (the epoch's end: evaluation, checkpoints, and
+    # what the model gives its link, next to nothing) is a fixed cost, added to the limited
+    # run's prediction as measured.
+    per_step = free["epoch_seconds"] / (free["steps_mean"] / epochs) - base.allreduce_s
+    fixed = free["run_seconds"] - simulated_wall(
+        backend, learners, delay, nbytes, unlimited,
+        predict(backend, learners, delay, nbytes, unlimited, per_step), free["steps_mean"],
+        epochs)
     ours = predict(backend, learners, delay, nbytes, net, per_step)
     wall = fixed + simulated_wall(backend, learners, delay, nbytes, net, ours,
                                   limited["steps_mean"], epochs)
