@@ -2,6 +2,7 @@
 
     python bench/gpu.py [--quick] [--out bench/results] [--chunks 128 512 1536]
                         [--precisions fp32 bf16] [--model ibm|small] [--device auto|cpu|cuda]
+                        [--chunk-data resident stream] [--inputs flat ibm260]
 
 A synthetic SWB-shaped task (260-dim input, 32k pdfs, 21-frame chunks; issue 11) at each batch
 size (chunks per step) and precision (``trainer.precision``):
@@ -13,6 +14,9 @@ size (chunks per step) and precision (``trainer.precision``):
   ``ChunkSet`` reads, trained through the trainer's own epoch loop (``trainer._train_epoch``:
   the task's loader, the learning-rate schedule, the single-learner backend's calls, the
   non-finite-loss check), frames/s of its last epoch (the first one warms up);
+- ``--inputs``: the 260 input dims as one ark (``flat``), or as the recipe writes them
+  (``ibm260``: 40-dim fbank whose Δ/ΔΔ the loader computes, 40-dim fMLLR, a 100-dim online
+  i-vector every 10 frames; conf/features/ibm260.yaml), so the loaders' assembly is timed too;
 - the gossip exchange at the model's size: two gloo processes swap the flat fp32 parameter
   vector (as the AD-PSGD gossip does, through host memory), seconds and MB/s per exchange; on
   CUDA also the device→host→device copies of that vector.
@@ -32,6 +36,7 @@ the gossip's cost is measured beside it, not inside the steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -63,6 +68,10 @@ from asrtrain.train.trainer import _Run, _train_epoch, autocast, build_optimizer
 
 CHUNK = 21
 INPUT_DIM = 260
+#: the parts of the ``ibm260`` input (conf/features/ibm260.yaml): fbank (Δ/ΔΔ added by the loader),
+#: fMLLR, online i-vector, and the i-vectors' period in frames (Kaldi's ``ivector_period``)
+FBANK_DIM, FMLLR_DIM, IVECTOR_DIM, IVECTOR_PERIOD = 40, 40, 100, 10
+INPUTS = ("flat", "ibm260")
 MODELS = {  # the IBM model of conf/hybrid/ibm.yaml, and one small enough for a CPU test
     "ibm": {"layers": 6, "cells": 512, "bottleneck": 256},
     "small": {"layers": 2, "cells": 32, "bottleneck": 16},
@@ -87,6 +96,10 @@ class Settings:
     chunk_data: list[str] = field(default_factory=lambda: ["resident"])  # trainer.chunk_data
     gossip_params: int = 0      # 0: the model's size
     gossip_rounds: int = 5
+    # how the 260 input dims are stored: "flat" (one 260-dim ark), "ibm260" (the recipe's:
+    # 40 log-mel + Δ/ΔΔ computed by the loader | 40 fMLLR | a 100-dim i-vector a row every
+    # IVECTOR_PERIOD frames, three tables as the features, align and ivectors stages write them)
+    inputs: list[str] = field(default_factory=lambda: ["flat"])
 
     @classmethod
     def quick(cls) -> Settings:
@@ -104,20 +117,39 @@ class Settings:
 
 
 # ------------------------------------------------------------------ the synthetic task on disk
-def write_task(root: Path, s: Settings, seed: int = 0) -> Path:
+def write_task(root: Path, s: Settings, inputs: str = "flat", seed: int = 0) -> Path:
     """An exp dir with ``data/train`` (feature arks, utt2num_frames) and ``ali`` (int32 pdf
-    arks, num_pdfs), as the features and align stages write them; returns the exp dir."""
+    arks, num_pdfs), as the features and align stages write them; returns the exp dir.
+    ``inputs="ibm260"`` writes the recipe's three tables instead of one 260-dim ark: 40-dim
+    fbank in ``data/train``, 40-dim fMLLR in ``data/train_fmllr`` and online i-vectors in
+    ``ivectors/train`` (a row every ``IVECTOR_PERIOD`` frames)."""
+    from asrtrain.features.reader import ivector_rows
+
     rng = np.random.default_rng(seed)
     data, ali = root / "data" / "train", root / "ali"
     data.mkdir(parents=True)
     ali.mkdir()
     utts = [f"spk{i % 8}-utt{i:06d}" for i in range(s.num_utts())]
     utts.sort()
-    with kaldiio.WriteHelper(f"ark,scp:{data}/feats.ark,{data}/feats.scp") as feats, \
-            kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp") as pdfs:
+    tables = {"feats": (data, "feats", INPUT_DIM if inputs == "flat" else FBANK_DIM)}
+    if inputs == "ibm260":
+        tables["fmllr"] = (root / "data" / "train_fmllr", "feats", FMLLR_DIM)
+        tables["ivector"] = (root / "ivectors" / "train", "ivector_online", IVECTOR_DIM)
+    writers = {}
+    with contextlib.ExitStack() as stack:
+        for name, (where, stem, _) in tables.items():
+            where.mkdir(parents=True, exist_ok=True)
+            writers[name] = stack.enter_context(
+                kaldiio.WriteHelper(f"ark,scp:{where}/{stem}.ark,{where}/{stem}.scp"))
+        pdfs = stack.enter_context(kaldiio.WriteHelper(f"ark,scp:{ali}/ali.ark,{ali}/ali.scp"))
         for utt in utts:
-            feats(utt, rng.standard_normal((s.utt_frames, INPUT_DIM), dtype=np.float32))
+            for name, (_, _, dim) in tables.items():
+                rows = ivector_rows(s.utt_frames, IVECTOR_PERIOD) if name == "ivector" \
+                    else s.utt_frames
+                writers[name](utt, rng.standard_normal((rows, dim), dtype=np.float32))
             pdfs(utt, rng.integers(0, s.pdfs, s.utt_frames, dtype=np.int32))
+    if inputs == "ibm260":
+        write_text(root / "ivectors" / "train" / "ivector_period", f"{IVECTOR_PERIOD}\n")
     write_text(ali / "num_pdfs", f"{s.pdfs}\n")
     for name, value in (("wav.scp", lambda u: "/dev/null"), ("text", lambda u: "a"),
                         ("utt2spk", lambda u: u.split("-")[0]),
@@ -131,12 +163,15 @@ def write_task(root: Path, s: Settings, seed: int = 0) -> Path:
     return root
 
 
-def task_config(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str):
+def task_config(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str,
+                inputs: str = "flat"):
     """The config the train_hybrid stage would give the trainer for this task."""
+    features = {"delta_order": 0, "norm_vars": False} if inputs == "flat" else \
+        {"delta_order": 2, "norm_vars": False, "append": ["fmllr", "ivector"]}
     return OmegaConf.create({
         "exp_dir": str(exp), "train_dir": str(exp / "model"),
         "sets": {"train": "train", "dev": "train", "test": []},
-        "features": {"delta_order": 0, "norm_vars": False},
+        "features": features,
         "model": {"name": f"hybrid_{s.model}", **MODELS[s.model], "dropout": 0.0,
                   "stack_frames": 1, "head": "ce",
                   "alignments": {"train": str(exp / "ali"), "dev": str(exp / "ali")}},
@@ -179,12 +214,17 @@ def model_only_fps(task, model, optimizer, tcfg: TrainerConfig, chunks: int, s: 
     return chunks * CHUNK * s.steps / (time.perf_counter() - t0)
 
 
-def measure(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str) -> dict:
-    """One row: model-only and end-to-end frames/s of one batch size, precision and loader."""
+def measure(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str,
+            inputs: str = "flat") -> dict:
+    """One row: model-only and end-to-end frames/s of one batch size, precision, loader and
+    input layout."""
     device = s.torch_device()
-    cfg = task_config(exp, s, chunks, precision, chunk_data)
+    cfg = task_config(exp, s, chunks, precision, chunk_data, inputs)
     tcfg = TrainerConfig.from_config(cfg.trainer)
     task = build_task(cfg)
+    if task.input_dim != INPUT_DIM:
+        raise SystemExit(f"bench/gpu.py: the {inputs} input has {task.input_dim} dims, "
+                         f"expected {INPUT_DIM}")
     torch.manual_seed(tcfg.seed)
     model = build_model(cfg.model, task.input_dim, task.output_dim).to(device)
     optimizer = build_optimizer(tcfg, model.parameters())
@@ -199,12 +239,12 @@ def measure(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str
         figures = _train_epoch(run, epoch, (epoch - 1) * per_epoch, per_epoch, schedule)
     e2e = figures.frames / figures.seconds
     row = {"device": device_name(device), "chunks": chunks, "precision": precision,
-           "chunk_data": chunk_data,
+           "chunk_data": chunk_data, "inputs": inputs,
            "model_only_fps": round(only), "end_to_end_fps": round(e2e),
            "end_to_end_share": round(e2e / only, 3), "end_to_end_steps": figures.steps,
            "epoch_chunks": task.samples_per_epoch,
            "parameters": sum(p.numel() for p in model.parameters())}
-    print(f"{row['device']}: {chunks} chunks {precision} ({chunk_data}): model only "
+    print(f"{row['device']}: {chunks} chunks {precision} ({chunk_data}, {inputs}): model only "
           f"{only:,.0f} frames/s, end to end {e2e:,.0f} frames/s ({e2e / only:.0%}) over "
           f"{figures.steps} steps", flush=True)
     return row
@@ -290,12 +330,15 @@ def plot(rows: list[dict], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, precision in enumerate(dict.fromkeys(r["precision"] for r in rows)):
         mine = [r for r in rows if r["precision"] == precision]
-        first = [r for r in mine if r["chunk_data"] == mine[0]["chunk_data"]]
+        def loader(r: dict) -> str:
+            return f"{r['chunk_data']}, {r.get('inputs', 'flat')}"
+
+        first = [r for r in mine if loader(r) == loader(mine[0])]
         ax.plot([r["chunks"] for r in first], [r["model_only_fps"] for r in first], "o--",
                 color=f"C{i}", label=f"model only, {precision}")
-        for data, style in zip(dict.fromkeys(r["chunk_data"] for r in mine), ("s-", "^:"),
+        for data, style in zip(dict.fromkeys(map(loader, mine)), ("s-", "^:", "v-.", "d-"),
                                strict=False):
-            theirs = [r for r in mine if r["chunk_data"] == data]
+            theirs = [r for r in mine if loader(r) == data]
             ax.plot([r["chunks"] for r in theirs], [r["end_to_end_fps"] for r in theirs], style,
                     color=f"C{i}", label=f"end to end ({data}), {precision}")
     ax.set_xscale("log", base=2)
@@ -334,15 +377,30 @@ def run(s: Settings, out: Path) -> dict:
         torch.set_num_threads(1)  # as a CPU learner trains (trainer.threads=0)
     logging.basicConfig(level=logging.WARNING)
     precisions, left_out = supported_precisions(s.precisions, device)
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-        exp = write_task(Path(tmp) / "exp", s)
-        rows = [measure(exp, s, chunks, precision, data) for data in s.chunk_data
-                for precision in precisions for chunks in s.chunks]
-    gossip = gossip_exchange(s.gossip_params or rows[0]["parameters"], s.gossip_rounds,
-                             device)
-    result = {"rows": rows, "precisions_left_out": left_out, "gossip": gossip,
-              "settings": asdict(s), "torch": torch.__version__}
-    write_text(out / "gpu.json", json.dumps(result, indent=1) + "\n")
+    rows: list[dict] = []
+
+    def save(gossip: dict | None) -> dict:
+        """gpu.json with the rows so far (``complete`` once the gossip is measured too): a run
+        cut short by a time limit keeps what it measured."""
+        result = {"rows": rows, "precisions_left_out": left_out, "gossip": gossip,
+                  "complete": gossip is not None, "settings": asdict(s),
+                  "torch": torch.__version__}
+        if device.type == "cuda":
+            result["cuda"] = torch.version.cuda
+            result["cudnn"] = torch.backends.cudnn.version()
+        write_text(out / "gpu.json", json.dumps(result, indent=1) + "\n")
+        return result
+
+    for inputs in s.inputs:
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+            exp = write_task(Path(tmp) / "exp", s, inputs)
+            for data in s.chunk_data:
+                for precision in precisions:
+                    for chunks in s.chunks:
+                        rows.append(measure(exp, s, chunks, precision, data, inputs))
+                        save(None)
+    result = save(gossip_exchange(s.gossip_params or rows[0]["parameters"], s.gossip_rounds,
+                                  device))
     plot(rows, out / "gpu.png")
     return result
 
@@ -359,6 +417,9 @@ def main() -> None:
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--chunk-data", nargs="+", choices=["resident", "stream"],
                     help="the trainer's chunk loaders to time end to end")
+    ap.add_argument("--inputs", nargs="+", choices=INPUTS,
+                    help="input layouts: one 260-dim ark (flat), or the recipe's fbank | fMLLR "
+                         "| i-vector tables (ibm260)")
     ap.add_argument("--warmup-steps", type=int, help="model-only steps before timing")
     ap.add_argument("--steps", type=int, help="timed model-only steps")
     ap.add_argument("--end-to-end-steps", type=int, help="steps of the largest batch an epoch")
@@ -367,7 +428,7 @@ def main() -> None:
     args = ap.parse_args()
     s = Settings.quick() if args.quick else Settings()
     for key in ("model", "pdfs", "chunks", "precisions", "device", "warmup_steps", "steps",
-                "end_to_end_steps", "epochs", "chunk_data", "gossip_params"):
+                "end_to_end_steps", "epochs", "chunk_data", "gossip_params", "inputs"):
         if getattr(args, key) is not None:
             setattr(s, key, getattr(args, key))
     run(s, args.out)

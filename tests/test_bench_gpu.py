@@ -28,14 +28,18 @@ def quick_bench(out: Path, *args: str, env: dict[str, str] | None = None
 
 
 def test_quick_bench_writes_rows_gossip_and_png(tmp_path: Path) -> None:
-    proc = quick_bench(tmp_path)
+    """Both input layouts: one 260-dim ark, and the recipe's fbank | fMLLR | i-vector tables
+    assembled by the loader into the same 260 dims."""
+    proc = quick_bench(tmp_path, "--inputs", "flat", "ibm260")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu.json").read_text())
+    assert result["complete"] is True
     rows = result["rows"]
     refusals = {p: precision_refusal(p, torch.device("cpu")) for p in ("fp32", "bf16")}
     assert refusals["fp32"] is None
-    assert [(r["chunks"], r["precision"]) for r in rows] == [
-        (c, p) for p, why in refusals.items() if why is None for c in (8, 32)]
+    assert [(r["inputs"], r["chunks"], r["precision"]) for r in rows] == [
+        (i, c, p) for i in ("flat", "ibm260") for p, why in refusals.items() if why is None
+        for c in (8, 32)]
     assert result["precisions_left_out"] == {p: why for p, why in refusals.items() if why}
     for p, why in result["precisions_left_out"].items():
         assert f"precision {p} left out: {why}" in proc.stdout
