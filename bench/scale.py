@@ -46,6 +46,7 @@ from asrtrain.fileio import atomic_open, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+GPU_JSON = REPO / "docs" / "results" / "gpu" / "gpu_h100.json"
 MAKE_CORPUS = REPO / "data" / "tiny" / "make_tiny.py"
 
 # align is the GMM passes, fmllr the train and dev sets' fMLLR features, decode_gmm the graphs
@@ -466,14 +467,17 @@ def align_seconds(plan: list[dict], pass_hours: dict, costs: dict, share: float,
 
 def gpu_rate(gpu_json: Path) -> dict | None:
     """The GPU row of bench/gpu.py's results to project train_hybrid with: IBM's 128 chunks in
-    fp32 when there is one, else the fastest GPU row; None without a GPU row."""
+    fp32 with the resident loader (the default) when there is one, else the fastest GPU row;
+    None without a GPU row. A row is a GPU's when its ``device`` is not the CPU's (bench/gpu.py
+    names a GPU as torch does, e.g. ``NVIDIA H100 80GB HBM3``)."""
     if not gpu_json.is_file():
         return None
     rows = [r for r in json.loads(gpu_json.read_text()).get("rows", [])
-            if str(r.get("device", "")).startswith("cuda") and r.get("end_to_end_fps")]
+            if not str(r.get("device", "cpu")).startswith("cpu") and r.get("end_to_end_fps")]
     if not rows:
         return None
-    ibm = [r for r in rows if r.get("chunks") == 128 and r.get("precision") == "fp32"]
+    ibm = sorted((r for r in rows if r.get("chunks") == 128 and r.get("precision") == "fp32"),
+                 key=lambda r: r.get("chunk_data", "resident") != "resident")
     return (ibm or sorted(rows, key=lambda r: -r["end_to_end_fps"]))[0]
 
 
@@ -524,7 +528,7 @@ def project(fit: dict, align: dict, gpu: dict | None, ref: dict, jobs: int,
                                      f"recipes/{name}")
         else:
             stage_hours["train_hybrid"] = None
-            basis["train_hybrid"] = "no GPU figure: bench/results/gpu.json has no GPU row"
+            basis["train_hybrid"] = "no GPU figure: the --gpu-json given has no GPU row"
         data_hours = sum(stage_hours[s] for s in DATA_STAGES)
         out[name] = {"speech_hours": hours,
                      "stage_hours": {k: None if v is None else round(v, 3)
@@ -622,8 +626,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="frames of the SWB-2000-size alignment iteration")
     ap.add_argument("--align-gaussians", type=int, default=None,
                     help=f"Gaussians of that iteration (default {SWB2000_MODEL['gaussians']})")
-    ap.add_argument("--gpu-json", type=Path, default=RESULTS / "gpu.json",
-                    help="bench/gpu.py's results, for train_hybrid's GPU figure")
+    ap.add_argument("--gpu-json", type=Path, default=GPU_JSON,
+                    help="bench/gpu.py's results, for train_hybrid's GPU figure (default: the "
+                         "committed H100 run, docs/results/gpu/gpu_h100.json)")
+    ap.add_argument("--reproject", type=Path, default=None, metavar="SCALE_JSON",
+                    help="measure nothing: project the sizes and alignment iteration of an "
+                         "earlier scale.json again (its growth fits, with --gpu-json and the "
+                         "reference node's settings), written to --results")
     ap.add_argument("--stage-timeout", type=float, default=None,
                     help="seconds before a stage counts as hung (default 900 with --quick, "
                          "else 4 h)")
@@ -694,8 +703,43 @@ def partial(args: argparse.Namespace, sizes: list[dict], started: float) -> None
     print(f"wrote {out} in {result['wall_s']:.0f} s")
 
 
+def reproject(args: argparse.Namespace) -> None:
+    """--reproject: the projection of an earlier run's measurements, made again."""
+    try:
+        result = json.loads(args.reproject.read_text())
+        fit, align = result["growth"], result["align_iteration"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--reproject {args.reproject}: not a scale.json of this script: "
+                         f"{e}") from e
+    ref = {"cores": args.cores, "memory_gb": args.memory_gb, "gpus": args.gpus}
+    jobs = args.jobs or recipe_setting("swb300", "nj")
+    result["projection"] = project(fit, align, gpu_rate(args.gpu_json), ref, jobs,
+                                   {name: pass_plan(name) for name in TARGET_HOURS})
+    result["reprojected"] = {"from": str(args.reproject), "gpu_json": str(args.gpu_json),
+                             "at": time.strftime("%Y-%m-%d %H:%M")}
+    finish(args, result)
+
+
+def finish(args: argparse.Namespace, result: dict) -> None:
+    """Write scale.json and scale.png to --results, and print the projection."""
+    args.results.mkdir(parents=True, exist_ok=True)
+    write_text(args.results / "scale.json", json.dumps(result, indent=2) + "\n")
+    plot(result, args.results / "scale.png")
+    print(table(result))
+    for name in TARGET_HOURS:
+        p = result["projection"][name]
+        print(f"{name}: data stages {p['data_stages_hours']:.2f} h on {args.cores} cores "
+              f"(dominant: {p['dominant_data_stage']}); train_hybrid "
+              + ("no GPU figure" if p["stage_hours"]["train_hybrid"] is None
+                 else f"{p['stage_hours']['train_hybrid']:.2f} h on {args.gpus} GPUs"))
+    print(f"wrote {args.results / 'scale.json'} and scale.png in {result['wall_s']:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.reproject is not None:
+        reproject(args)
+        return
     tmp = None
     if args.work is None:
         tmp = tempfile.TemporaryDirectory(prefix="asrtrain-scale-")
@@ -740,17 +784,7 @@ def main(argv: list[str] | None = None) -> None:
     result["projection"] = project(fit, align, gpu_rate(args.gpu_json), ref, jobs,
                                    {name: pass_plan(name) for name in TARGET_HOURS})
     result["wall_s"] = time.perf_counter() - started
-    args.results.mkdir(parents=True, exist_ok=True)
-    write_text(args.results / "scale.json", json.dumps(result, indent=2) + "\n")
-    plot(result, args.results / "scale.png")
-    print(table(result))
-    for name in TARGET_HOURS:
-        p = result["projection"][name]
-        print(f"{name}: data stages {p['data_stages_hours']:.2f} h on {args.cores} cores "
-              f"(dominant: {p['dominant_data_stage']}); train_hybrid "
-              + ("no GPU figure" if p["stage_hours"]["train_hybrid"] is None
-                 else f"{p['stage_hours']['train_hybrid']:.2f} h on {args.gpus} GPUs"))
-    print(f"wrote {args.results / 'scale.json'} and scale.png in {result['wall_s']:.0f} s")
+    finish(args, result)
 
 
 if __name__ == "__main__":

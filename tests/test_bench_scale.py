@@ -124,20 +124,51 @@ def test_align_is_projected_per_pass_on_its_subset() -> None:
 
 
 def test_train_hybrid_from_a_gpu_row(tmp_path: Path) -> None:
+    """Rows as bench/gpu.py writes them: a GPU named as torch names it, both loaders."""
     gpu = tmp_path / "gpu.json"
+    h100 = "NVIDIA H100 80GB HBM3"
     gpu.write_text(json.dumps({"rows": [
-        {"device": "cpu", "chunks": 128, "precision": "fp32", "end_to_end_fps": 5000.0},
-        {"device": "cuda:0", "chunks": 2048, "precision": "bf16", "end_to_end_fps": 600000.0},
-        {"device": "cuda:0", "chunks": 128, "precision": "fp32", "end_to_end_fps": 80000.0}]}))
+        {"device": "cpu (1 thread(s), 2 cores)", "chunks": 128, "precision": "fp32",
+         "end_to_end_fps": 5000.0},
+        {"device": h100, "chunks": 2048, "precision": "bf16", "chunk_data": "resident",
+         "end_to_end_fps": 600000.0},
+        {"device": h100, "chunks": 128, "precision": "fp32", "chunk_data": "stream",
+         "end_to_end_fps": 70000.0},
+        {"device": h100, "chunks": 128, "precision": "fp32", "chunk_data": "resident",
+         "end_to_end_fps": 80000.0}]}))
     row = scale.gpu_rate(gpu)
-    assert row["chunks"] == 128 and row["precision"] == "fp32"
+    assert (row["chunks"], row["precision"], row["chunk_data"]) == (128, "fp32", "resident")
     fit = {s: fitted(0.0, 0.0) for s in scale.STAGES}
     proj = scale.project(fit, {}, row, REF, 32)
     epochs = scale.recipe_setting("swb300", "trainer.epochs")
     assert proj["swb300"]["stage_hours"]["train_hybrid"] == pytest.approx(
         300 * 360000 * epochs / (80000 * 8) / 3600, abs=1e-3)
-    gpu.write_text(json.dumps({"rows": [{"device": "cpu", "end_to_end_fps": 5000.0}]}))
+    assert h100 in proj["swb300"]["basis"]["train_hybrid"]
+    gpu.write_text(json.dumps({"rows": [{"device": "cpu (1 thread(s), 2 cores)",
+                                         "end_to_end_fps": 5000.0}]}))
     assert scale.gpu_rate(gpu) is None
+    # the committed H100 run (docs/results/gpu) is the default, and has such a row
+    committed = scale.gpu_rate(scale.GPU_JSON)
+    assert committed["device"] == h100 and committed["chunks"] == 128
+
+
+def test_reproject_changes_only_what_the_gpu_row_gives(tmp_path: Path) -> None:
+    """--reproject measures nothing: the committed run's projection, made again with no GPU
+    row, equals it but for train_hybrid."""
+    none = tmp_path / "none.json"
+    proc = subprocess.run([sys.executable, "bench/scale.py", "--reproject",
+                           "docs/results/scale.json", "--gpu-json", str(none),
+                           "--results", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before = json.loads((REPO / "docs" / "results" / "scale.json").read_text())["projection"]
+    after = json.loads((tmp_path / "scale.json").read_text())["projection"]
+    for name in scale.TARGET_HOURS:
+        hours = dict(before[name]["stage_hours"])
+        assert hours.pop("train_hybrid") > 0
+        assert after[name]["stage_hours"].pop("train_hybrid") is None
+        assert after[name]["stage_hours"] == hours
+    assert "train_hybrid no GPU figure" in proc.stdout
 
 
 def test_growth_fits_recover_known_laws() -> None:
