@@ -12,6 +12,13 @@ trainer's gossip (a step never waits for it) and for the seeds' learner (a step 
 last exchange; delay-by-one lets the exchange overlap the next step).
 
     python bench/seeds_time.py            # writes docs/science/seeds_time.json, prints the table
+    python bench/seeds_time.py --gpu-json docs/results/gpu/gpu_h100.json
+                                          # docs/science/seeds_time_h100.json
+
+``--gpu-json``: the same runs with this toolkit's measured GPU instead of the V100 week: the step
+from bench/gpu.py's row of IBM's 128 chunks in fp32 (end to end, the resident loader;
+``bench/scale.py``'s choice) and the host copies from its measured device->host->device copy of
+the model; the network and everything else assumed as above.
 """
 
 from __future__ import annotations
@@ -24,12 +31,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "bench"))
+
+from scale import gpu_rate  # noqa: E402  bench/scale.py: which GPU row stands for IBM's step
+
 from asrtrain.distributed.registry import sim_shape  # noqa: E402
 from asrtrain.distributed.topology import Schedule  # noqa: E402
 from asrtrain.fileio import write_text  # noqa: E402
 from asrtrain.simulate.timing import Network, step_time  # noqa: E402
 
 OUT = REPO / "docs" / "science" / "seeds_time.json"
+OUT_GPU = REPO / "docs" / "science" / "seeds_time_{name}.json"
 
 #: The seeds' figures this prediction takes as given.
 INPUTS = {
@@ -66,15 +78,34 @@ def v100_frame_s() -> float:
     return INPUTS["one_v100_hours"] * 3600 / frames
 
 
-def network() -> Network:
+def network(copy_bandwidth: float | None = None) -> Network:
     return Network(bandwidth=INPUTS["ethernet_gbit_s"] * 1e9 / 8 * ASSUMED["wire_efficiency"],
                    latency_s=ASSUMED["latency_s"],
                    intra_bandwidth=ASSUMED["intra_bandwidth_bytes_s"],
                    intra_latency_s=ASSUMED["intra_latency_s"],
-                   copy_bandwidth=ASSUMED["host_copy_bytes_s"])
+                   copy_bandwidth=copy_bandwidth or ASSUMED["host_copy_bytes_s"])
 
 
-def predict(method: str, learners: int, compute_waits: bool, delay_by_one: bool) -> dict:
+def measured_gpu(gpu_json: Path) -> dict:
+    """From bench/gpu.py's results: the seconds a frame of IBM's step and the host-copy
+    bandwidth of its gossip (``device_host_copies_s``: to the host and back)."""
+    row = gpu_rate(gpu_json)
+    if row is None:
+        raise SystemExit(f"--gpu-json {gpu_json}: no GPU row (bench/gpu.py on a GPU writes one)")
+    result = json.loads(gpu_json.read_text())
+    gossip = result.get("gossip") or {}
+    out = {"gpu_json": str(gpu_json.relative_to(REPO) if gpu_json.is_relative_to(REPO)
+                           else gpu_json),
+           "device": row["device"], "chunks": row["chunks"], "precision": row["precision"],
+           "chunk_data": row.get("chunk_data"), "end_to_end_fps": row["end_to_end_fps"],
+           "frame_s": 1 / row["end_to_end_fps"], "torch": result.get("torch")}
+    if gossip.get("device_host_copies_s"):
+        out["host_copy_bytes_s"] = 2 * gossip["megabytes"] * 1e6 / gossip["device_host_copies_s"]
+    return out
+
+
+def predict(method: str, learners: int, compute_waits: bool, delay_by_one: bool,
+            gpu: dict | None = None) -> dict:
     shape = sim_shape(method)
     per_node = ASSUMED["gpus_per_node"]
     nodes = learners // per_node
@@ -82,9 +113,11 @@ def predict(method: str, learners: int, compute_waits: bool, delay_by_one: bool)
     phases = len(Schedule(members, ASSUMED["topology"], 1).phases(0)) if members > 1 else 0
     batch_frames = INPUTS["chunks_per_gpu"] * INPUTS["chunk_frames"]
     nbytes = INPUTS["parameters"] * INPUTS["bytes_per_parameter"]
+    frame_s = gpu["frame_s"] if gpu else v100_frame_s()
+    net = network(gpu.get("host_copy_bytes_s") if gpu else None)
     # SSGD's allreduce is NCCL's (no host copies); the gossip goes over gloo (host copies).
-    st = step_time(shape, learners, per_node, nodes, batch_frames * v100_frame_s(), nbytes,
-                   network(), phases, delay_by_one, compute_waits)
+    st = step_time(shape, learners, per_node, nodes, batch_frames * frame_s, nbytes,
+                   net, phases, delay_by_one, compute_waits)
     steps = INPUTS["epochs"] * INPUTS["frames_per_epoch"] / (learners * batch_frames)
     return {"method": method, "learners": learners, "compute_waits": compute_waits,
             "delay_by_one": delay_by_one, "compute_s": st.compute_s,
@@ -93,24 +126,32 @@ def predict(method: str, learners: int, compute_waits: bool, delay_by_one: bool)
             "steps_per_learner": steps, "hours": steps * st.step_s / 3600}
 
 
-def rows() -> list[dict]:
+def rows(gpu: dict | None = None) -> list[dict]:
     out = []
     for n in LEARNERS:
         for method in METHODS:
             modes = [(False, False)] if method == "ssgd" else [
                 (False, False), (False, True), (True, False), (True, True)]
-            out += [predict(method, n, waits, delay) for waits, delay in modes]
+            out += [predict(method, n, waits, delay, gpu) for waits, delay in modes]
     return out
 
 
-def result() -> dict:
+def result(gpu_json: Path | None = None) -> dict:
+    """The predictions with the V100 week, or (``gpu_json``) with the GPU measured there."""
     ideal = {n: INPUTS["one_v100_hours"] / n for n in LEARNERS}
-    return {"command": "python bench/seeds_time.py", "inputs": INPUTS, "assumed": ASSUMED,
-            "v100_frame_s": v100_frame_s(),
-            "v100_step_s": INPUTS["chunks_per_gpu"] * INPUTS["chunk_frames"] * v100_frame_s(),
-            "ideal_hours": {str(n): h for n, h in ideal.items()},
-            "seeds": [{"learners": n, "method": m, "hours": h} for n, m, h in SEEDS],
-            "predicted": rows()}
+    res = {"command": "python bench/seeds_time.py", "inputs": INPUTS, "assumed": ASSUMED,
+           "v100_frame_s": v100_frame_s(),
+           "v100_step_s": INPUTS["chunks_per_gpu"] * INPUTS["chunk_frames"] * v100_frame_s(),
+           "ideal_hours": {str(n): h for n, h in ideal.items()},
+           "seeds": [{"learners": n, "method": m, "hours": h} for n, m, h in SEEDS]}
+    gpu = None
+    if gpu_json is not None:
+        gpu = measured_gpu(gpu_json)
+        res["command"] += f" --gpu-json {gpu['gpu_json']}"
+        res["measured_gpu"] = gpu
+        res["gpu_step_s"] = INPUTS["chunks_per_gpu"] * INPUTS["chunk_frames"] * gpu["frame_s"]
+    res["predicted"] = rows(gpu)
+    return res
 
 
 def table(res: dict) -> str:
@@ -135,11 +176,17 @@ def table(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"default {OUT.relative_to(REPO)}, with --gpu-json "
+                         f"{OUT_GPU.relative_to(REPO)} (NAME: the JSON's name past 'gpu_')")
+    ap.add_argument("--gpu-json", type=Path, default=None,
+                    help="bench/gpu.py's results: predict with that GPU's measured step")
     args = ap.parse_args()
-    res = result()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.out, json.dumps(res, indent=1) + "\n")
+    res = result(args.gpu_json.resolve() if args.gpu_json else None)
+    out = args.out or (OUT if args.gpu_json is None else Path(str(OUT_GPU).format(
+        name=args.gpu_json.stem.removeprefix("gpu_"))))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text(out, json.dumps(res, indent=1) + "\n")
     print(table(res))
 
 

@@ -202,6 +202,26 @@ def test_the_seeds_prediction_is_the_committed_json_and_the_docs_table() -> None
     assert committed["inputs"]["parameters"] == 42.6e6
 
 
+def test_the_h100_prediction_is_the_committed_json_and_the_docs_table() -> None:
+    """The same runs with the step measured on an H100 (docs/results/gpu/gpu_h100.json): the
+    committed JSON is what the model gives from that file, and the doc's table is the JSON's."""
+    committed = json.loads((REPO / "docs" / "science" / "seeds_time_h100.json").read_text())
+    gpu_json = REPO / "docs" / "results" / "gpu" / "gpu_h100.json"
+    assert seeds_time.result(gpu_json) == committed
+    doc = _doc_table("Predicted hours with the H100 step")
+    expected = [[c.strip() for c in line.strip("|").split("|")]
+                for line in seeds_time.table(committed).splitlines()[2:]]
+    assert doc == expected
+    row = committed["measured_gpu"]
+    assert (row["chunks"], row["precision"], row["chunk_data"]) == (128, "fp32", "resident")
+    assert committed["gpu_step_s"] == pytest.approx(128 * 21 / row["end_to_end_fps"])
+    # AD-PSGD's learner that never waits runs at the measured step: ideal scaling of one GPU
+    ours = {p["learners"]: p["hours"] for p in committed["predicted"]
+            if p["method"] == "adpsgd" and not p["compute_waits"] and not p["delay_by_one"]}
+    for n, hours in ours.items():
+        assert hours == pytest.approx(16 * 720e6 / row["end_to_end_fps"] / 3600 / n)
+
+
 def test_every_quantitative_figure_of_the_seeds_has_a_claims_row_with_a_verdict() -> None:
     rows = _doc_table("### Every quantitative figure of the seeds")
     figures = {r[0]: r for r in rows}
