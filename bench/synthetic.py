@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> None:
     if args.no_gossip and hasattr(backend, "drain"):
         backend.drain()  # every learner at rest until the consensus at the end releases it
     samples = 0
+    last_loss = 0.0  # a learner with no step (its share empty) reports 0
     start = time.monotonic()
     for step in range(steps):
         if rank == args.die_rank and step == args.die_step:
@@ -169,6 +170,7 @@ def run(args: argparse.Namespace) -> None:
             group["lr"] = lr_at(args.lr, backend.global_samples(), args.decay_samples)
         idx = global_batch(step, args.batch, args.examples)[backend.data_rank::backend.data_world]
         loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        last_loss = float(loss.detach())
         loss.backward()
         backend.after_backward(step)
         backend.optimizer_step(optimizer)
@@ -182,7 +184,7 @@ def run(args: argparse.Namespace) -> None:
 
     final_distance = backend.consensus_distance()
     consensus = backend.consensus()
-    metrics = backend.reduce_mean({"loss": float(loss.detach())})
+    metrics = backend.reduce_mean({"loss": last_loss})
     stats = {"rank": rank, "world_size": backend.world_size, "backend": backend.name,
              "steps": steps, "samples": samples, "elapsed": elapsed,
              "rate": samples / elapsed if elapsed > 0 else 0.0,

@@ -119,6 +119,24 @@ def test_adpsgd_zero_lr_keeps_mean_and_reaches_consensus(
 
 
 @pytest.mark.timeout(120)
+def test_a_learner_without_a_step_keeps_its_partners_gossiping(tmp_path: Path) -> None:
+    """A learner whose share of the epoch is empty (a claimed epoch can leave one with nothing)
+    reaches the epoch's end (the consensus's drain_gossip) at once: it keeps answering its
+    partners' rounds at the idle pace until every learner is there, so the others' averaging
+    goes on while they step. Held at once (before 608544b), every round that paired it waited
+    for the end of the others' steps, and on the fixed ring of 4 that stalls them all at their
+    first round."""
+    codes = spawn(tmp_path, 4, "--backend", "adpsgd", "--topology", "ring",
+                  "--steps", "0,30,30,30", "--sleep", "0.01", "--idle", "0.02")
+    assert codes == dict.fromkeys(range(4), 0), list(tmp_path.glob("error*"))
+    stats, _ = results(tmp_path, 4)
+    assert stats[0]["steps"] == 0 and stats[0]["exchanges"] > 0
+    # every stepping learner kept gossiping during its 30 steps (a round a step when the
+    # thread keeps up, the idle pace otherwise), not one round and a wait
+    assert min(s["rounds"] for s in stats[1:]) >= 8, [s["rounds"] for s in stats]
+
+
+@pytest.mark.timeout(120)
 def test_adpsgd_learns(tmp_path: Path) -> None:
     codes = spawn(tmp_path, 3, "--backend", "adpsgd", "--steps", "40", "--batch", "36",
                   "--lr", "0.1", "--decay-samples", "1e9", "--start-samples", "5000")
