@@ -9,7 +9,9 @@
 - ``sweep``: 16 simulated learners, SSGD and AD-PSGD (randomized ring) at B_noise x {1, 4, 16},
   both LR scalings with seed 1, then seeds 2 and 3 with the better; the verdict by the rule;
 - ``real``: the deciding batch (:func:`deciding_batch`) with 8 real gloo learners, both
-  methods, seeds 1 and 2, at the simulated point's LR.
+  methods, seeds 1 and 2, at the simulated point's LR; alone, with a summary in ``--out`` that
+  has the sweep (the committed docs/science/batch_tolerance.json copied there), it takes the
+  deciding point from it and runs only the real runs.
 
 Every run is the simulator (asrtrain.simulate) on bench/science.py's scaled corpus and small
 hybrid BLSTM, with SGD and momentum 0.9 and the recipe's warm-up and annealing; one JSON a run
@@ -254,9 +256,13 @@ def main(argv: list[str] | None = None) -> None:
                    multiples=args.multiples)
     if "noise" in args.steps:
         summary["noise_init"] = noise_at(base, args.out, "init", None)["b_simple"]
-    if "baseline" in args.steps or "sweep" in args.steps:
+    # ``real`` alone takes the deciding point from a summary in --out that has the sweep (e.g.
+    # the committed docs/science/batch_tolerance.json copied there): its runs are not needed
+    reuse = "sweep" not in args.steps and "sweep" in summary
+    if "baseline" in args.steps or "sweep" in args.steps or (
+            "real" in args.steps and not reuse and "baseline" not in summary):
         summary["baseline"] = baseline(base, args.out)
-    if "sweep" in args.steps or "real" in args.steps:
+    if "sweep" in args.steps or ("real" in args.steps and not reuse):
         summary["sweep"] = sweep(base, args.out, summary["baseline"], args.multiples)
     if "real" in args.steps:
         summary["real"] = real(base, args.out, summary["sweep"], exp)

@@ -114,3 +114,35 @@ def test_claim_a_table_and_verdict_are_the_committed_json(name: str, heading: st
     assert bt.decide(sweep["rows"]) == {k: sweep[k] for k in ("largest_tolerated", "verdict")}
     if "real" in committed:
         assert committed["real"]["global_batch"] == bt.deciding_batch(sweep)
+
+
+def test_real_alone_takes_the_deciding_point_from_the_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--steps real`` with a summary in --out that has the sweep (the committed one copied
+    there) runs no baseline or sweep run: the deciding point is the summary's; without one it
+    runs them first."""
+    import batch_tolerance as bt
+    import science
+
+    calls: list[str] = []
+    monkeypatch.setattr(science, "ensure_exp", lambda exp, corpus=None: [])
+    monkeypatch.setattr(science, "corpus_overrides", lambda hours, root: [])
+    committed = json.loads((REPO / "docs" / "science" / "batch_tolerance.json").read_text())
+    monkeypatch.setattr(bt, "baseline", lambda base, out: calls.append("baseline")
+                        or committed["baseline"])
+    monkeypatch.setattr(bt, "sweep", lambda base, out, b0, multiples: calls.append("sweep")
+                        or committed["sweep"])
+
+    def real(base: list[str], out: Path, sweep: dict, exp: Path) -> dict:
+        calls.append("real")
+        return {"global_batch": bt.deciding_batch(sweep)}
+    monkeypatch.setattr(bt, "real", real)
+    (tmp_path / "batch_tolerance.json").write_text(json.dumps(committed))
+    bt.main(["--steps", "real", "--out", str(tmp_path)])
+    assert calls == ["real"]
+    written = json.loads((tmp_path / "batch_tolerance.json").read_text())
+    assert written["sweep"] == committed["sweep"]
+    assert written["real"] == {"global_batch": bt.deciding_batch(committed["sweep"])}
+    calls.clear()
+    bt.main(["--steps", "real", "--out", str(tmp_path / "empty")])
+    assert calls == ["baseline", "sweep", "real"]
