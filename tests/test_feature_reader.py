@@ -172,6 +172,38 @@ def test_a_truncated_ark_says_where_it_ends(mfcc: Path, tmp_path: Path) -> None:
         reader[utt]
 
 
+def test_int32_vectors_read_in_one_piece_equal_kaldiio_and_a_cut_one_says_so(
+        tmp_path: Path) -> None:
+    """Alignments (``ali-to-pdf``'s int32 vectors) are read in one piece, not element by element
+    as kaldiio does: the same values and dtype, an empty one too; one cut short names the file and
+    the bytes it needs, and a matrix still goes through kaldiio."""
+    from asrtrain.features.ark import load_matrix
+
+    rng = np.random.default_rng(0)
+    vectors = {"u0": rng.integers(-5, 40000, 300, dtype=np.int32),
+               "u1": np.zeros(0, dtype=np.int32), "u2": np.array([7], dtype=np.int32)}
+    ark, scp = tmp_path / "ali.ark", tmp_path / "ali.scp"
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{scp}") as w:
+        for key, v in vectors.items():
+            w(key, v)
+        w("m", np.arange(6, dtype=np.float32).reshape(2, 3))
+    table = dict(line.split(maxsplit=1) for line in scp.read_text().splitlines())
+    for key, v in vectors.items():
+        got = load_matrix(table[key], key)
+        assert got.dtype == np.int32 and np.array_equal(got, v)
+        assert np.array_equal(got, kaldiio.load_mat(table[key]))
+    assert np.array_equal(load_matrix(table["m"], "m"), kaldiio.load_mat(table["m"]))
+    offset = int(table["u0"].rsplit(":", 1)[1])
+    with open(ark, "r+b") as f:
+        f.truncate(offset + 100)
+    with pytest.raises(AsrtrainError) as e:
+        load_matrix(table["u0"], "ali.scp: utterance u0")
+    assert str(e.value) == (
+        f"ali.scp: utterance u0: cannot read {ark}:{offset}: {ark} ends at byte "
+        f"{offset + 100:,}, the 300-element int32 vector at byte {offset:,} needs "
+        f"{offset + 7 + 5 * 300:,} (truncated)")
+
+
 def _checkpoint(head: str = "ce") -> tuple[BLSTM, ModelCheckpoint]:
     torch.manual_seed(0)
     model = build_model(SMALL, 5, 7)

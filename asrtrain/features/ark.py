@@ -19,15 +19,43 @@ from asrtrain import AsrtrainError
 
 #: Element sizes of Kaldi's binary matrix and vector tokens.
 _ELEMENT = {b"FM": 4, b"DM": 8, b"FV": 4, b"DV": 8}
+#: ``path:offset`` (no row or column range) of an scp value.
+_PLAIN_ENTRY = re.compile(r"(.+):(\d+)")
+#: A Kaldi binary int32 vector's elements: each a size byte (4) and the little-endian value.
+_INT32_ELEMENT = np.dtype([("size", "u1"), ("value", "<i4")])
 
 
 def load_matrix(spec: str, where: str) -> np.ndarray:
     """The matrix at ``spec`` (an scp value); an error starting with ``where`` (the scp and the
     key) and giving the reason when it cannot be read."""
     try:
-        return np.asarray(kaldiio.load_mat(spec))
+        fast = _int32_vector(spec)
+        return fast if fast is not None else np.asarray(kaldiio.load_mat(spec))
     except Exception as e:   # noqa: BLE001 - kaldiio raises anything from a bad file
         raise AsrtrainError(f"{where}: cannot read {spec}: {ark_problem(spec, e)}") from None
+
+
+def _int32_vector(spec: str) -> np.ndarray | None:
+    """The binary int32 vector at ``spec`` (an alignment: ``ali-to-pdf``'s output) read in one
+    piece; kaldiio reads it element by element (5 bytes and a ``struct.unpack`` each, the
+    streaming loader's largest cost). None where ``spec`` is not a plain ``path:offset`` of such
+    a vector, or the bytes are not all there: kaldiio reads it then, and says what is wrong."""
+    m = _PLAIN_ENTRY.fullmatch(spec.strip())
+    if m is None:
+        return None
+    with open(m[1], "rb") as f:
+        f.seek(int(m[2]))
+        head = f.read(7)
+        if len(head) != 7 or head[:3] != b"\0B\4":
+            return None
+        (n,) = struct.unpack("<i", head[3:])
+        body = f.read(5 * n) if n >= 0 else b""
+    if n < 0 or len(body) != 5 * n:
+        return None
+    elements = np.frombuffer(body, dtype=_INT32_ELEMENT)
+    if not (elements["size"] == 4).all():
+        return None
+    return elements["value"].astype(np.int32)
 
 
 def ark_problem(spec: str, error: BaseException | None = None) -> str:
@@ -65,6 +93,9 @@ def _matrix_end(path: Path, offset: int) -> tuple[int | None, str]:
         head = f.read(32)
     if head[:2] != b"\0B":
         return None, ""
+    if head[2:3] == b"\4" and len(head) >= 7:  # an int32 vector (alignments): no token
+        (n,) = struct.unpack("<i", head[3:7])
+        return offset + 7 + 5 * n, f"{n}-element int32 vector"
     token, rest = head[2:].split(b" ", 1)
     pos = offset + 2 + len(token) + 1
     if token in _ELEMENT:

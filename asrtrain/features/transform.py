@@ -6,6 +6,7 @@ row holds the per-dimension sums and the frame count, the second the sums of squ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -38,7 +39,8 @@ def apply_cmvn(feats: np.ndarray, stats: np.ndarray, norm_vars: bool = False) ->
     return out.astype(np.float32)
 
 
-def _delta_scales(order: int, window: int) -> list[np.ndarray]:
+@functools.lru_cache(maxsize=16)
+def _delta_scales(order: int, window: int) -> tuple[np.ndarray, ...]:
     # Kaldi's DeltaFeatures: each order's filter is the previous one convolved with the
     # regression window, normalised by sum(j^2); edges are handled by clamping frame indices.
     scales = [np.ones(1)]
@@ -48,7 +50,9 @@ def _delta_scales(order: int, window: int) -> list[np.ndarray]:
         for j in range(-window, window + 1):
             cur[j + window: j + window + len(prev)] += j * prev
         scales.append(cur / sum(j * j for j in range(-window, window + 1)))
-    return scales
+    for scale in scales:
+        scale.flags.writeable = False  # shared by every caller (cached)
+    return tuple(scales)
 
 
 def add_deltas(feats: np.ndarray, order: int = 2, window: int = 2) -> np.ndarray:
@@ -57,14 +61,20 @@ def add_deltas(feats: np.ndarray, order: int = 2, window: int = 2) -> np.ndarray
         return np.asarray(feats, dtype=np.float32)
     feats = np.asarray(feats, dtype=np.float64)
     t = feats.shape[0]
+    scales = _delta_scales(order, window)[1:]
+    # Edge frames repeated as far as the widest filter reaches (Kaldi clamps the index): each
+    # tap is then a slice of this copy, not a gather.
+    reach = (len(scales[-1]) - 1) // 2
+    padded = np.concatenate([np.repeat(feats[:1], reach, 0), feats,
+                             np.repeat(feats[-1:], reach, 0)]) if t else feats
     parts = [feats]
-    for scale in _delta_scales(order, window)[1:]:
+    for scale in scales:
         half = (len(scale) - 1) // 2
         out = np.zeros_like(feats)
         for k, s in enumerate(scale):
             if s != 0.0:
-                idx = np.clip(np.arange(t) + k - half, 0, t - 1)
-                out += s * feats[idx]
+                start = reach + k - half
+                out += s * padded[start: start + t]
         parts.append(out)
     return np.concatenate(parts, axis=1).astype(np.float32)
 

@@ -315,6 +315,11 @@ class ChunkSet:
 
     def collate(self, chunks: list[tuple[np.ndarray, np.ndarray]]) -> ChunkBatch:
         b, d = len(chunks), chunks[0][0].shape[1]
+        if all(f.shape[0] == self.chunk for f, _ in chunks):  # every chunk whole: one copy
+            return ChunkBatch(
+                torch.from_numpy(np.stack([f for f, _ in chunks]).astype(np.float32, copy=False)),
+                torch.full((b,), self.chunk, dtype=torch.long),
+                torch.from_numpy(np.stack([a for _, a in chunks]).astype(np.int64, copy=False)))
         feats = torch.zeros(b, self.chunk, d)
         targets = torch.full((b, self.chunk), IGNORE, dtype=torch.long)
         lengths = torch.empty(b, dtype=torch.long)

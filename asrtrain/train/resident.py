@@ -377,7 +377,7 @@ class ResidentChunks:
         for o, scale in enumerate(_delta_scales(self.order, DELTA_WINDOW)):
             half = (len(scale) - 1) // 2
             for t in range(c):
-                out[t, o, t + r - half: t + r + half + 1] = torch.from_numpy(scale)
+                out[t, o, t + r - half: t + r + half + 1] = torch.tensor(scale)
         return out.reshape(c * (self.order + 1), c + 2 * r).float()
 
     # ------------------------------------------------------------------ batches
