@@ -20,6 +20,12 @@ through the simulator in every experiment of the issue:
   train_hybrid trainer.backend=... trainer.learners=8``), ``real_runs`` times each (2 in
   ``--full``), every run beside the simulator at the same settings and the pace it logged.
 
+gap, delay and hier run each training point with seeds 1..``seeds`` (3 in ``--full``: the trainer's
+and the simulator's seed, :func:`training_point`); a row keeps every seed's run under ``seeds`` and
+carries the mean and sd of the held-out loss (:func:`over_seeds`); the tables show mean ± sd and
+``table_<name>_pairs`` each compared pair's difference ± its standard error. The zero-LR mixing
+runs are deterministic and run once a point.
+
 Each experiment writes ``science_<name>.json`` and ``.png`` under ``--out``; an experiment whose
 JSON is there for the same plan is not run again (``--redo`` runs it anyway). ``--size small`` is
 the same code on the committed tiny corpus with a few learners and one epoch
@@ -46,6 +52,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -111,12 +118,13 @@ class Plan:
     real_learners: int
     real_epochs: int
     real_runs: int             # real: each point this many times (its run-to-run spread)
+    seeds: int                 # gap / delay / hier: each training point with seeds 1..seeds
 
 
 FULL = Plan("full", 2.0, 2, (16, 64), (256, 1024, 4096, 12288), ("adam", "sgd"), "sgd", 16, 8,
-            (16, 64, 128), 24, 64, 64, (4, 8), 8, 2, 2)
+            (16, 64, 128), 24, 64, 64, (4, 8), 8, 2, 2, 3)
 SMALL = Plan("small", None, 1, (4,), (64, 128), ("adam", "sgd"), "sgd", 16, 4, (4, 8), 6, 8, 8,
-             (4,), 2, 1, 1)
+             (4,), 2, 1, 1, 1)
 PLANS = {"full": FULL, "small": SMALL}
 
 
@@ -283,20 +291,23 @@ def optimizer_overrides(name: str, global_batch: int) -> list[str]:
 
 
 def training_point(base: list[str], plan: Plan, learners: int, per_learner: int,
-                   optimizer: str, epochs: int | None = None, **sim: object) -> dict:
+                   optimizer: str, epochs: int | None = None, seed: int = 1,
+                   **sim: object) -> dict:
     """Simulated training at a point: its epochs' held-out losses and gossip figures, or the
-    reason it cannot run (a learner's share of the data under one batch)."""
+    reason it cannot run (a learner's share of the data under one batch). ``seed`` is the
+    trainer's (``trainer.seed``: the initial model, the batches' order) and the simulator's
+    (the randomized ring's draws, the straggler's choice, the step-time jitter)."""
     from asrtrain import AsrtrainError
 
     epochs = epochs or plan.epochs
     overrides = [*base, *TINY_MODEL, f"hybrid.trainer.epochs={epochs}",
                  f"hybrid.trainer.batch_chunks={per_learner}",
-                 *optimizer_overrides(optimizer, learners * per_learner)]
+                 *optimizer_overrides(optimizer, learners * per_learner), f"trainer.seed={seed}"]
     if "topology" in sim:
         overrides.append(f"trainer.topology={sim['topology']}")
     try:
         traj = simulate(overrides, learners=learners, epochs=epochs,
-                        **{**PACE, "log_every": 10, **sim})
+                        **{**PACE, "log_every": 10, **sim, "seed": seed})
     except AsrtrainError as e:
         print(f"  skipped: {e}", flush=True)
         return {"skipped": str(e)}
@@ -312,8 +323,52 @@ def training_point(base: list[str], plan: Plan, learners: int, per_learner: int,
 def say(what: str, row: dict) -> None:
     if "skipped" in row:
         return
-    print(f"{what}: held-out loss {row['heldout_loss']:.4f}, {row['rounds']} rounds, "
+    spread = f" ± {row['heldout_sd']:.4f}" if row.get("heldout_sd") is not None else ""
+    print(f"{what}: held-out loss {row['heldout_loss']:.4f}{spread}, {row['rounds']} rounds, "
           f"{row['wall_s']:.0f} s", flush=True)
+
+
+def _sd(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """One point's runs (one a seed, each carrying its ``seed``) as a row: ``seeds`` the runs
+    (their trajectories kept), ``heldout_loss`` / ``heldout_sd`` the mean and sd of the final
+    held-out losses over the seeds, ``epochs`` each epoch's mean and sd; ``rounds`` (mean,
+    rounded; ``rounds_range``), ``distance`` and ``simulated_s`` means; ``wall_s`` the sum. A
+    point that cannot run with one seed is skipped."""
+    skipped = next((r for r in runs if "skipped" in r), None)
+    if skipped is not None:
+        return {"skipped": skipped["skipped"], "seeds": runs}
+    finals = [r["heldout_loss"] for r in runs]
+    epochs = []
+    for i, first in enumerate(runs[0]["epochs"]):
+        values = [r["epochs"][i]["heldout_loss"] for r in runs]
+        epochs.append({"epoch": first["epoch"], "heldout_loss": statistics.mean(values),
+                       "heldout_sd": _sd(values)})
+    rounds = [r["rounds"] for r in runs]
+    return {"heldout_loss": statistics.mean(finals), "heldout_sd": _sd(finals),
+            "epochs": epochs, "rounds": round(statistics.mean(rounds)),
+            "rounds_range": [min(rounds), max(rounds)],
+            "distance": statistics.mean(r["distance"] for r in runs),
+            "simulated_s": statistics.mean(r["simulated_s"] for r in runs),
+            "epoch_steps": runs[0]["epoch_steps"], "spectral_gap": runs[0]["spectral_gap"],
+            "members": runs[0]["members"], "wall_s": sum(r["wall_s"] for r in runs),
+            "seeds": runs}
+
+
+def seeded_point(base: list[str], plan: Plan, learners: int, per_learner: int,
+                 optimizer: str, what: str, **sim: object) -> dict:
+    """:func:`training_point` with each of the plan's seeds (1..``plan.seeds``), as one row
+    (:func:`over_seeds`)."""
+    runs = []
+    for seed in range(1, plan.seeds + 1):
+        run = {"seed": seed, **training_point(base, plan, learners, per_learner, optimizer,
+                                              seed=seed, **sim)}
+        say(f"{what} seed {seed}", run)
+        runs.append(run)
+    return over_seeds(runs)
 
 
 # -- the experiments (--full, --size small) --------------------------------------------------------
@@ -343,14 +398,14 @@ def exp_gap(base: list[str], plan: Plan) -> dict:
     rows = []
     for learners in plan.gap_learners:
         for topology in TOPOLOGIES:
-            mix = mixing(base, learners, topology, plan.mixing_rounds)
-            row = training_point(base, plan, learners, plan.per_learner, plan.optimizer,
-                                 backend="adpsgd", topology=topology)
+            mix = mixing(base, learners, topology, plan.mixing_rounds)  # deterministic: once
+            row = seeded_point(base, plan, learners, plan.per_learner, plan.optimizer,
+                               f"  {learners}L {topology}", backend="adpsgd", topology=topology)
             rows.append({"learners": learners, "topology": topology, "mixing": mix, **row})
             print(f"{learners} learners {topology}: gap {mix['spectral_gap']:.4f}, squared "
                   f"distance x{mix['measured_rate']:.4f} a round (predicted <= "
                   f"x{mix['predicted_rate']:.4f})", flush=True)
-            say(f"  {learners}L {topology}", row)
+            say(f"  {learners}L {topology}, mean", row)
     return {"rows": rows}
 
 
@@ -360,38 +415,41 @@ def exp_delay(base: list[str], plan: Plan) -> dict:
     rows = []
     for speed in ("equal", "straggler:1:4"):
         for delay in (False, True):
-            row = training_point(base, plan, plan.delay_learners, plan.per_learner,
-                                 plan.optimizer, backend="adpsgd", topology="random_ring",
-                                 delay_by_one=delay, speed=speed, exchange_s=0.05)
+            what = f"delay {speed} delay_by_one={delay}"
+            row = seeded_point(base, plan, plan.delay_learners, plan.per_learner,
+                               plan.optimizer, what, backend="adpsgd", topology="random_ring",
+                               delay_by_one=delay, speed=speed, exchange_s=0.05)
             rows.append({"learners": plan.delay_learners, "speed": speed,
                          "delay_by_one": delay, **row})
-            say(f"delay {speed} delay_by_one={delay}", row)
+            say(f"{what}, mean", row)
     return {"rows": rows}
 
 
 def exp_hier(base: list[str], plan: Plan, batch: dict | None = None) -> dict:
     """(c) H-AD-PSGD with nodes of each size against flat AD-PSGD at the same learners; and
     SSGD at the same learners and global batch (what one learner at that batch computes): the
-    point of (a) when ``batch`` (its result) has it, else simulated here."""
+    point of (a) when ``batch`` (its result) has it and the plan has one seed (a's points have
+    one), else simulated here with each seed."""
     rows = []
     for per_node in (1, *plan.hier_nodes):
         backend = "adpsgd" if per_node == 1 else "hadpsgd"
-        row = training_point(base, plan, plan.hier_learners, plan.per_learner, plan.optimizer,
-                             backend=backend, per_node=per_node, topology="random_ring")
+        what = f"hier {backend} per_node={per_node}"
+        row = seeded_point(base, plan, plan.hier_learners, plan.per_learner, plan.optimizer,
+                           what, backend=backend, per_node=per_node, topology="random_ring")
         rows.append({"learners": plan.hier_learners, "per_node": per_node, "backend": backend,
                      **row})
-        say(f"hier {backend} per_node={per_node}", row)
+        say(f"{what}, mean", row)
     global_batch = plan.hier_learners * plan.per_learner
     same = [r for r in (batch or {}).get("rows", []) if r["backend"] == "ssgd"
             and r["optimizer"] == plan.optimizer and r["learners"] == plan.hier_learners
             and r["global_batch"] == global_batch and "skipped" not in r]
-    if same:
+    if same and plan.seeds == 1:
         ssgd = {**same[0], "from": "batch"}
     else:
         ssgd = {"learners": plan.hier_learners, "global_batch": global_batch, "backend": "ssgd",
-                **training_point(base, plan, plan.hier_learners, plan.per_learner,
-                                 plan.optimizer, backend="ssgd"), "from": "hier"}
-        say("hier ssgd", ssgd)
+                **seeded_point(base, plan, plan.hier_learners, plan.per_learner,
+                               plan.optimizer, "hier ssgd", backend="ssgd"), "from": "hier"}
+        say("hier ssgd, mean", ssgd)
     return {"rows": rows, "ssgd": ssgd}
 
 
@@ -615,20 +673,33 @@ def batch_baseline(result: dict, optimizer: str) -> dict | None:
     return min(rows, key=lambda r: (r["global_batch"], r["learners"]), default=None)
 
 
+def _epochs_errorbar(ax, row: dict, label: str) -> None:
+    """A row's held-out loss per epoch: the mean over its seeds, the sd as error bars."""
+    epochs = row["epochs"]
+    sds = [e.get("heldout_sd") or 0.0 for e in epochs]
+    ax.errorbar([e["epoch"] for e in epochs], [e["heldout_loss"] for e in epochs],
+                yerr=sds if any(sds) else None, fmt="o-", capsize=3, label=label)
+
+
+def _seeds_note(result: dict) -> str:
+    n = max((len(r.get("seeds", [])) for r in result.get("rows", [])), default=1)
+    return f", mean ± sd of {n} seeds" if n > 1 else ""
+
+
 def plot_gap(result: dict, plan: Plan, path: Path) -> None:
     plt, fig, (a, b, c) = _figure(3, 5.0)
     for row in result["rows"]:
         label = f"{row['topology']} {row['learners']}"
         if "skipped" not in row:
-            a.plot([e["epoch"] for e in row["epochs"]],
-                   [e["heldout_loss"] for e in row["epochs"]], "o-", label=label)
+            _epochs_errorbar(a, row, label)
         d = row["mixing"]["distance"]
         line, = b.semilogy(range(1, len(d) + 1), d, "-", label=label)
         pred = [d[0] * row["mixing"]["predicted_rate"] ** (r / 2) for r in range(len(d))]
         b.semilogy(range(1, len(d) + 1), pred, ":", color=line.get_color())
     _references(a, result)
     a.set(xlabel="epoch", ylabel=f"{LOSS}, consensus model",
-          title=f"AD-PSGD, {plan.optimizer}, {plan.per_learner} chunks/learner")
+          title=f"AD-PSGD, {plan.optimizer}, {plan.per_learner} chunks/learner"
+                f"{_seeds_note(result)}")
     a.legend(fontsize=7)
     b.set(xlabel="gossip round", ylabel="consensus distance (zero LR)",
           title="measured (-) vs (1 - gap)^(r/2) (:)")
@@ -646,8 +717,7 @@ def plot_gap(result: dict, plan: Plan, path: Path) -> None:
 def _loss_vs_epochs(ax, rows: list[dict], label: Callable[[dict], str], title: str) -> None:
     for row in rows:
         if "skipped" not in row:
-            ax.plot([e["epoch"] for e in row["epochs"]],
-                    [e["heldout_loss"] for e in row["epochs"]], "o-", label=label(row))
+            _epochs_errorbar(ax, row, label(row))
     ax.set(xlabel="epoch", ylabel=LOSS, title=title)
 
 
@@ -655,14 +725,19 @@ def plot_delay(result: dict, plan: Plan, path: Path) -> None:
     plt, fig, (a, b) = _figure(2)
     rows = result["rows"]
     _loss_vs_epochs(a, rows, lambda r: f"{r['speed']}, delay-by-one {r['delay_by_one']}",
-                    f"AD-PSGD, {plan.delay_learners} learners")
+                    f"AD-PSGD, {plan.delay_learners} learners{_seeds_note(result)}")
     _references(a, result)
     a.legend(fontsize=8)
     labels = [f"{r['speed'].split(':')[0]}\n{'d1' if r['delay_by_one'] else 'no d1'}"
               for r in rows]
-    b.bar(labels, [r.get("rounds", 0) for r in rows])
+    heights = [r.get("rounds", 0) for r in rows]
+    spans = [r.get("rounds_range", [h, h]) for r, h in zip(rows, heights, strict=True)]
+    b.bar(labels, heights, yerr=[[h - lo for h, (lo, _) in zip(heights, spans, strict=True)],
+                                 [hi - h for h, (_, hi) in zip(heights, spans, strict=True)]],
+          capsize=4)
     b.set_ylim(bottom=0)
-    b.set(ylabel="gossip rounds in the run", title="rounds (exchange = half a step)")
+    b.set(ylabel="gossip rounds in the run",
+          title="rounds (exchange = half a step; bars: the seeds' range)")
     _save(plt, fig, path)
 
 
@@ -670,7 +745,7 @@ def plot_hier(result: dict, plan: Plan, path: Path) -> None:
     plt, fig, (a,) = _figure(1, 6)
     _loss_vs_epochs(a, result["rows"], lambda r: f"{r['backend']} per node {r['per_node']} "
                     f"({r.get('members', '?')} gossip members)",
-                    f"{plan.hier_learners} learners")
+                    f"{plan.hier_learners} learners{_seeds_note(result)}")
     ssgd = result.get("ssgd", {})
     _references(a, result, ssgd.get("heldout_loss"),
                 f"SSGD = one learner at {ssgd.get('global_batch', 0):,}")
@@ -730,6 +805,58 @@ def _loss(row: dict | None, digits: int = 3) -> str:
     return f"{row['heldout_loss']:.{digits}f}"
 
 
+def _loss_sd(row: dict | None, digits: int = 3) -> str:
+    """The held-out loss as mean ± sd over the row's seeds (the mean alone with one seed)."""
+    if row is None or "skipped" in row:
+        return "—"
+    sd = row.get("heldout_sd")
+    return _loss(row, digits) + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def _seeds(rows: list[dict]) -> int:
+    return max((len(r.get("seeds", [])) for r in rows), default=0) or 1
+
+
+def _of_seeds(n: int) -> str:
+    return f", mean ± sd of {n} seeds" if n > 1 else ""
+
+
+def _rounds(row: dict) -> str:
+    lo, hi = row.get("rounds_range", [row["rounds"], row["rounds"]])
+    return str(row["rounds"]) if lo == hi else f"{row['rounds']} ({lo}–{hi})"
+
+
+def difference(a: dict, b: dict) -> dict:
+    """``a``'s mean held-out loss minus ``b``'s over their seeds, with the standard error of
+    the difference of two means, sqrt(s_a^2/n_a + s_b^2/n_b), and the difference in those
+    (None with a single seed on a side: no spread)."""
+    losses = [[r["heldout_loss"] for r in row.get("seeds", [row])] for row in (a, b)]
+    diff = statistics.mean(losses[0]) - statistics.mean(losses[1])
+    if min(len(v) for v in losses) < 2:
+        return {"difference": diff, "se": None, "z": None, "n": [len(v) for v in losses]}
+    se = math.sqrt(sum(statistics.variance(v) / len(v) for v in losses))
+    return {"difference": diff, "se": se, "z": diff / se if se > 0 else math.inf,
+            "n": [len(v) for v in losses]}
+
+
+def _pairs_table(pairs: list[tuple[str, dict | None, dict | None]]) -> str:
+    """One line a compared pair: the difference of the means ± its standard error, and how
+    many standard errors that is."""
+    lines = ["| compared (first − second) | held-out loss, first / second | difference ± se | "
+             "standard errors | seeds |", "|---|---|---|---|---|"]
+    for name, a, b in pairs:
+        if a is None or b is None or "skipped" in a or "skipped" in b:
+            lines.append(f"| {name} | — | — | — | — |")
+            continue
+        d = difference(a, b)
+        se = f" ± {d['se']:.3f}" if d["se"] is not None else ""
+        z = f"{d['z']:+.1f}" if d["z"] is not None else "—"
+        n = str(d["n"][0]) if d["n"][0] == d["n"][1] else " / ".join(map(str, d["n"]))
+        lines.append(f"| {name} | {_loss(a)} / {_loss(b)} | {d['difference']:+.3f}{se} | {z} "
+                     f"| {n} |")
+    return "\n".join(lines)
+
+
 def _steps(row: dict) -> str:
     steps = row.get("epoch_steps") or []
     if not steps:
@@ -776,27 +903,45 @@ TOPOLOGY_NAMES = {"ring": "ring", "random_ring": "random ring", "exponential": "
 
 
 def table_gap(result: dict) -> str:
-    """(b) Each learner count and topology: gap, bound, measured mixing, losses per epoch,
-    consensus distance at the end (the final losses bold beyond the smallest learner count)."""
+    """(b) Each learner count and topology: gap, bound, measured mixing (zero LR: one run),
+    the held-out loss per epoch (means over the seeds), after the last epoch as mean ± sd (bold
+    beyond the smallest learner count), the consensus distance at the end (a mean)."""
     rows = result["rows"]
     epochs = max((len(r.get("epochs", [])) for r in rows), default=0)
     smallest = min((r["learners"] for r in rows), default=0)
+    n = _seeds(rows)
     lines = ["| learners | topology | spectral gap | bound on the squared distance a round | "
              "measured | held-out loss, epoch " + " / ".join(str(e + 1) for e in range(epochs))
-             + " | consensus distance at the end |", "|---|---|---|---|---|---|---|"]
+             + f"{' (means)' if n > 1 else ''} | after epoch {epochs}{_of_seeds(n)} | "
+             "consensus distance at the end |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mix = r["mixing"]
         if "skipped" in r:
-            losses, distance = "—", "—"
+            losses, final, distance = "—", "—", "—"
         else:
-            values = [f"{e['heldout_loss']:.3f}" for e in r["epochs"]]
+            losses = " / ".join(f"{e['heldout_loss']:.3f}" for e in r["epochs"])
+            final = _loss_sd(r)
             if r["learners"] > smallest:
-                values[-1] = f"**{values[-1]}**"
-            losses, distance = " / ".join(values), _sci(r["distance"])
+                final = f"**{final}**"
+            distance = _sci(r["distance"])
         lines.append(f"| {r['learners']} | {TOPOLOGY_NAMES[r['topology']]} | "
                      f"{mix['spectral_gap']:.4f} | {mix['predicted_rate']:.3f} | "
-                     f"{mix['measured_rate']:.3f} | {losses} | {distance} |")
+                     f"{mix['measured_rate']:.3f} | {losses} | {final} | {distance} |")
     return "\n".join(lines)
+
+
+def table_gap_pairs(result: dict) -> str:
+    """(b) At each learner count, the fixed ring and the exponential graph against the
+    randomized ring: the difference of the mean held-out losses ± its standard error."""
+    rows = result["rows"]
+    pairs = []
+    for learners in dict.fromkeys(r["learners"] for r in rows):
+        at = {r["topology"]: r for r in rows if r["learners"] == learners}
+        for topology in ("ring", "exponential"):
+            name = "fixed ring" if topology == "ring" else "exponential"
+            pairs.append((f"{learners} learners: {name} − randomized ring", at.get(topology),
+                          at.get("random_ring")))
+    return _pairs_table(pairs)
 
 
 def _speed_label(speed: str) -> str:
@@ -811,31 +956,64 @@ def _speed_label(speed: str) -> str:
 
 
 def table_delay(result: dict) -> str:
-    lines = ["| speed | delay-by-one | gossip rounds | held-out loss | consensus distance at the "
-             "end | simulated s |", "|---|---|---|---|---|---|"]
+    """Each speed with and without delay-by-one: gossip rounds (the mean and the seeds' range),
+    the held-out loss as mean ± sd, the consensus distance and simulated seconds (means)."""
+    n = _seeds(result["rows"])
+    lines = [f"| speed | delay-by-one | gossip rounds | held-out loss{_of_seeds(n)} | "
+             "consensus distance at the end | simulated s |",
+             "|---|---|---|---|---|---|"]
     for r in result["rows"]:
         d1 = "yes" if r["delay_by_one"] else "no"
         if "skipped" in r:
             lines.append(f"| {_speed_label(r['speed'])} | {d1} | — | — | — | — |")
             continue
-        lines.append(f"| {_speed_label(r['speed'])} | {d1} | {r['rounds']} | {_loss(r)} | "
+        lines.append(f"| {_speed_label(r['speed'])} | {d1} | {_rounds(r)} | {_loss_sd(r)} | "
                      f"{_sci(r['distance'])} | {r['simulated_s']:.1f} |")
     return "\n".join(lines)
 
 
+def table_delay_pairs(result: dict) -> str:
+    """At each speed, delay-by-one against none."""
+    rows = result["rows"]
+    pairs = []
+    for speed in dict.fromkeys(r["speed"] for r in rows):
+        at = {r["delay_by_one"]: r for r in rows if r["speed"] == speed}
+        pairs.append((f"{_speed_label(speed)}: delay-by-one − none", at.get(True),
+                      at.get(False)))
+    return _pairs_table(pairs)
+
+
+def _hier_name(r: dict) -> str:
+    return "flat AD-PSGD" if r["per_node"] == 1 else f"H-AD-PSGD, nodes of {r['per_node']}"
+
+
 def table_hier(result: dict) -> str:
-    lines = ["| | gossip members | gossip rounds | held-out loss |", "|---|---|---|---|"]
+    """Flat AD-PSGD and H-AD-PSGD at each node size, and SSGD at the same global batch: the
+    held-out loss as mean ± sd over the seeds, gossip rounds (mean and range)."""
+    n = _seeds([*result["rows"], *([result["ssgd"]] if result.get("ssgd") else [])])
+    lines = [f"| | gossip members | gossip rounds | held-out loss{_of_seeds(n)} |",
+             "|---|---|---|---|"]
     for r in result["rows"]:
-        name = "flat AD-PSGD" if r["per_node"] == 1 else f"H-AD-PSGD, nodes of {r['per_node']}"
         if "skipped" in r:
-            lines.append(f"| {name} | — | — | — |")
+            lines.append(f"| {_hier_name(r)} | — | — | — |")
         else:
-            lines.append(f"| {name} | {r['members']} | {r['rounds']} | {_loss(r)} |")
+            lines.append(f"| {_hier_name(r)} | {r['members']} | {_rounds(r)} | {_loss_sd(r)} |")
     ssgd = result.get("ssgd")
     if ssgd is not None:
         where = ", from (a)" if ssgd.get("from") == "batch" else ""
-        lines.append(f"| (SSGD, the same global batch{where}) | — | — | {_loss(ssgd)} |")
+        lines.append(f"| (SSGD, the same global batch{where}) | — | — | {_loss_sd(ssgd)} |")
     return "\n".join(lines)
+
+
+def table_hier_pairs(result: dict) -> str:
+    """Each H-AD-PSGD node size against flat AD-PSGD and against SSGD."""
+    rows = result["rows"]
+    flat = next((r for r in rows if r["per_node"] == 1), None)
+    ssgd = result.get("ssgd")
+    pairs = [(f"{_hier_name(r)} − flat AD-PSGD", r, flat) for r in rows if r["per_node"] > 1]
+    pairs += [(f"{_hier_name(r)} − SSGD", r, ssgd) for r in rows if r["per_node"] > 1]
+    pairs.append(("flat AD-PSGD − SSGD", flat, ssgd))
+    return _pairs_table(pairs)
 
 
 EXPERIMENT_LETTER = {"batch": "(a)", "gap": "(b)", "delay": "(b)", "hier": "(c)"}
@@ -918,7 +1096,9 @@ def table_quick_gap(result: dict) -> str:
 
 
 TABLES = {"batch": table_batch, "gap": table_gap, "delay": table_delay, "hier": table_hier,
-          "real": table_real, "quick_batch": table_quick_batch, "quick_gap": table_quick_gap}
+          "real": table_real, "quick_batch": table_quick_batch, "quick_gap": table_quick_gap,
+          "gap_pairs": table_gap_pairs, "delay_pairs": table_delay_pairs,
+          "hier_pairs": table_hier_pairs}
 
 
 # -- the compact JSON for docs/science -------------------------------------------------------------

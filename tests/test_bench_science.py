@@ -93,6 +93,10 @@ def test_small_size_results_mean_what_they_say(small_run: Path) -> None:
     assert fixed[8] < fixed[4]  # the fixed ring's gap shrinks as learners are added
     hier = json.loads((small_run / "science_hier.json").read_text())
     assert [r["members"] for r in hier["rows"]] == [8, 2]  # 8 flat learners; 2 nodes of 4
+    delay = json.loads((small_run / "science_delay.json").read_text())["rows"]
+    for row in [*gap, *delay, *hier["rows"], hier["ssgd"]]:  # the plan's seeds, each kept
+        assert [run["seed"] for run in row["seeds"]] == list(range(1, plan.seeds + 1)), row
+        assert row["heldout_loss"] == row["seeds"][0]["heldout_loss"]  # one seed: its run
     # SSGD beside them: no point of (a) at 8 learners in the small plan, so simulated there
     assert hier["ssgd"]["members"] == 1 and hier["ssgd"]["from"] == "hier"
     assert hier["ssgd"]["global_batch"] == plan.hier_learners * plan.per_learner
@@ -145,6 +149,9 @@ def test_every_table_renders_the_small_run_and_its_compact_copy(small_run: Path)
         assert str(REPO) not in path.read_text()  # paths relative to the checkout
         assert not any(len(v) > science.KEEP for v in lists_named(committed, science.LONG))
         assert (docs / "img" / f"science_{name}.png").stat().st_size > 1000, name
+        pairs = science.TABLES.get(f"{name}_pairs")
+        if pairs is not None:  # the compared pairs' differences: from the compact copy too
+            assert pairs(committed) == pairs(result) and table_rows(pairs(result)), name
 
 
 def lists_named(x: object, keys: tuple[str, ...]) -> list[list]:
@@ -155,6 +162,21 @@ def lists_named(x: object, keys: tuple[str, ...]) -> list[list]:
     if isinstance(x, list):
         return [found for v in x for found in lists_named(v, keys)]
     return []
+
+
+@pytest.mark.timeout(600)
+def test_the_seed_reaches_the_simulation(small_run: Path) -> None:
+    """A training point's seed is the trainer's and the simulator's: the same seed gives the
+    same run, another seed another run (gap / delay / hier run each point with every seed)."""
+    base = science.ensure_exp(small_run.parent / "exp")
+    plan = science.SMALL
+
+    def loss(seed: int) -> float:
+        return science.training_point(base, plan, 4, plan.per_learner, plan.optimizer,
+                                      seed=seed, backend="adpsgd")["heldout_loss"]
+    first = loss(1)
+    assert loss(1) == first
+    assert loss(2) != first
 
 
 @pytest.mark.timeout(600)

@@ -19,8 +19,11 @@ COMMITTED = REPO / "docs" / "science"
 CASES = [
     ("batch", "batch", "### (a) Batch tolerance", 0),
     ("gap", "gap", "### (b) Spectral gap, randomized ring, exponential graph", 0),
+    ("gap", "gap_pairs", "### (b) Spectral gap, randomized ring, exponential graph", 1),
     ("delay", "delay", "### Delay-by-one, with and without a straggler", 0),
+    ("delay", "delay_pairs", "### Delay-by-one, with and without a straggler", 1),
     ("hier", "hier", "### (c) H-AD-PSGD", 0),
+    ("hier", "hier_pairs", "### (c) H-AD-PSGD", 1),
     ("real", "real", "### Real multi-process confirmation at 8 learners", 0),
     ("quick", "quick_batch", "## Quick experiments", 0),
     ("quick", "quick_gap", "## Quick experiments", 1),
@@ -76,6 +79,52 @@ def test_the_committed_json_is_compact_and_says_how_it_was_made(name: str) -> No
     if name != "quick":
         assert committed["plan"]["name"] == "full"
         assert committed["plan"]["real_runs"] == science.FULL.real_runs
+    if name in ("gap", "delay", "hier"):  # each training point with every seed of the plan
+        assert committed["plan"]["seeds"] == science.FULL.seeds >= 3
+        rows = [*committed["rows"], committed.get("ssgd") or committed["rows"][0]]
+        for row in rows:
+            assert [run["seed"] for run in row["seeds"]] == \
+                list(range(1, science.FULL.seeds + 1)), row
+            if "skipped" not in row:
+                losses = [run["heldout_loss"] for run in row["seeds"]]
+                assert row["heldout_loss"] == pytest.approx(sum(losses) / len(losses))
+                assert len(set(losses)) == len(losses), row  # the seeds are different runs
+
+
+def test_the_difference_of_two_points_over_seeds() -> None:
+    """docs/science.md's compared pairs: the difference of the means ± the standard error of
+    the difference, sqrt(s1^2/n + s2^2/n), and the difference in those."""
+    a = {"seeds": [{"heldout_loss": v} for v in (1.0, 1.2, 1.1)]}   # mean 1.1, sd 0.1
+    b = {"seeds": [{"heldout_loss": v} for v in (0.9, 0.9, 0.9)]}   # mean 0.9, sd 0
+    d = science.difference(a, b)
+    assert d["difference"] == pytest.approx(0.2) and d["n"] == [3, 3]
+    assert d["se"] == pytest.approx(0.1 / 3 ** 0.5) and d["z"] == pytest.approx(2 * 3 ** 0.5)
+    for row in (a, b):
+        row["heldout_loss"] = sum(r["heldout_loss"] for r in row["seeds"]) / 3
+    assert science._pairs_table([("a − b", a, b), ("none", a, {"skipped": "x"})]).splitlines() \
+        == ["| compared (first − second) | held-out loss, first / second | difference ± se | "
+            "standard errors | seeds |", "|---|---|---|---|---|",
+            "| a − b | 1.100 / 0.900 | +0.200 ± 0.058 | +3.5 | 3 |", "| none | — | — | — | — |"]
+    one = science.difference({"heldout_loss": 1.0}, b)  # a single run: no spread to weigh
+    assert one["se"] is None and one["z"] is None and one["difference"] == pytest.approx(0.1)
+
+
+def test_a_point_over_seeds() -> None:
+    """science.over_seeds: the final and each epoch's held-out loss as mean and sd over the
+    seeds, every seed's run kept; a point one seed cannot run is skipped."""
+    runs = [{"seed": s, "heldout_loss": v, "epochs": [{"epoch": 1, "heldout_loss": 2 * v},
+                                                     {"epoch": 2, "heldout_loss": v}],
+             "rounds": r, "distance": 0.1, "simulated_s": 5.0, "epoch_steps": [3, 3],
+             "spectral_gap": 0.5, "members": 4, "wall_s": 1.0}
+            for s, v, r in ((1, 1.0, 10), (2, 1.2, 12), (3, 1.1, 13))]
+    row = science.over_seeds(runs)
+    assert row["heldout_loss"] == pytest.approx(1.1) and row["heldout_sd"] == pytest.approx(0.1)
+    assert row["epochs"][0]["heldout_loss"] == pytest.approx(2.2)
+    assert row["epochs"][0]["heldout_sd"] == pytest.approx(0.2)
+    assert row["rounds"] == 12 and row["rounds_range"] == [10, 13] and row["wall_s"] == 3.0
+    assert row["seeds"] == runs and science._loss_sd(row) == "1.100 ± 0.100"
+    assert science.over_seeds([runs[0]])["heldout_sd"] is None
+    assert "skipped" in science.over_seeds([runs[0], {"seed": 2, "skipped": "too few"}])
 
 
 def test_the_quick_tables_on_known_figures() -> None:
