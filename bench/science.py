@@ -20,11 +20,12 @@ through the simulator in every experiment of the issue:
   train_hybrid trainer.backend=... trainer.learners=8``), ``real_runs`` times each (2 in
   ``--full``), every run beside the simulator at the same settings and the pace it logged.
 
-gap, delay and hier run each training point with seeds 1..``seeds`` (3 in ``--full``: the trainer's
-and the simulator's seed, :func:`training_point`); a row keeps every seed's run under ``seeds`` and
-carries the mean and sd of the held-out loss (:func:`over_seeds`); the tables show mean ± sd and
-``table_<name>_pairs`` each compared pair's difference ± its standard error. The zero-LR mixing
-runs are deterministic and run once a point.
+batch, gap, delay and hier run each training point with seeds 1..``seeds`` (3 in ``--full``: the
+trainer's and the simulator's seed, :func:`training_point`); a row keeps every seed's run under
+``seeds`` and carries the mean and sd of the held-out loss (:func:`over_seeds`); the tables show
+mean ± sd and ``table_<name>_pairs`` each compared pair's difference ± its standard error. The
+zero-LR mixing runs are deterministic and run once a point; ``real`` runs each point
+``real_runs`` times with one seed (what moves is the gossip's timing) and reads no ``seeds``.
 
 Each experiment writes ``science_<name>.json`` and ``.png`` under ``--out``; an experiment whose
 JSON is there for the same plan is not run again (``--redo`` runs it anyway). ``--size small`` is
@@ -118,7 +119,7 @@ class Plan:
     real_learners: int
     real_epochs: int
     real_runs: int             # real: each point this many times (its run-to-run spread)
-    seeds: int                 # gap / delay / hier: each training point with seeds 1..seeds
+    seeds: int                 # batch / gap / delay / hier: each training point with seeds 1..seeds
 
 
 FULL = Plan("full", 2.0, 2, (16, 64), (256, 1024, 4096, 12288), ("adam", "sgd"), "sgd", 16, 8,
@@ -375,8 +376,8 @@ def seeded_point(base: list[str], plan: Plan, learners: int, per_learner: int,
 
 def exp_batch(base: list[str], plan: Plan) -> dict:
     """(a) Held-out loss after the plan's epochs against the global batch, SSGD against
-    AD-PSGD (random ring); SSGD at the smallest batch is a single learner's loss at that batch
-    (the same arithmetic)."""
+    AD-PSGD (random ring), each point with the plan's seeds (:func:`seeded_point`); SSGD at the
+    smallest batch is a single learner's loss at that batch (the same arithmetic)."""
     rows = []
     for optimizer in plan.batch_optimizers:
         for learners in plan.batch_learners:
@@ -384,11 +385,12 @@ def exp_batch(base: list[str], plan: Plan) -> dict:
                 if global_batch % learners or global_batch // learners < plan.min_per_learner:
                     continue  # 64 x 4 chunks: 4x the steps of 16 x 16, and a quarter the work
                 for backend in ("ssgd", "adpsgd"):
-                    row = training_point(base, plan, learners, global_batch // learners,
-                                         optimizer, backend=backend)
+                    what = f"batch {global_batch} {learners}L {backend} {optimizer}"
+                    row = seeded_point(base, plan, learners, global_batch // learners,
+                                       optimizer, what, backend=backend)
                     rows.append({"optimizer": optimizer, "learners": learners,
                                  "global_batch": global_batch, "backend": backend, **row})
-                    say(f"batch {global_batch} {learners}L {backend} {optimizer}", row)
+                    say(f"{what}, mean", row)
     return {"rows": rows}
 
 
@@ -428,8 +430,8 @@ def exp_delay(base: list[str], plan: Plan) -> dict:
 def exp_hier(base: list[str], plan: Plan, batch: dict | None = None) -> dict:
     """(c) H-AD-PSGD with nodes of each size against flat AD-PSGD at the same learners; and
     SSGD at the same learners and global batch (what one learner at that batch computes): the
-    point of (a) when ``batch`` (its result) has it and the plan has one seed (a's points have
-    one), else simulated here with each seed."""
+    point of (a) when ``batch`` (its result) has it with every seed of the plan (the same
+    simulations), else simulated here with each seed."""
     rows = []
     for per_node in (1, *plan.hier_nodes):
         backend = "adpsgd" if per_node == 1 else "hadpsgd"
@@ -443,7 +445,8 @@ def exp_hier(base: list[str], plan: Plan, batch: dict | None = None) -> dict:
     same = [r for r in (batch or {}).get("rows", []) if r["backend"] == "ssgd"
             and r["optimizer"] == plan.optimizer and r["learners"] == plan.hier_learners
             and r["global_batch"] == global_batch and "skipped" not in r]
-    if same and plan.seeds == 1:
+    if same and [r.get("seed", 1) for r in same[0].get("seeds", [{}])] == \
+            list(range(1, plan.seeds + 1)):
         ssgd = {**same[0], "from": "batch"}
     else:
         ssgd = {"learners": plan.hier_learners, "global_batch": global_batch, "backend": "ssgd",
@@ -653,14 +656,17 @@ def plot_batch(result: dict, plan: Plan, path: Path) -> None:
                 rows = [r for r in result["rows"] if r["optimizer"] == optimizer
                         and r["learners"] == learners and r["backend"] == backend
                         and "skipped" not in r]
-                ax.plot([r["global_batch"] for r in rows], [r["heldout_loss"] for r in rows],
-                        style, label=f"{backend}, {learners} learners")
+                sds = [r.get("heldout_sd") or 0.0 for r in rows]
+                ax.errorbar([r["global_batch"] for r in rows], [r["heldout_loss"] for r in rows],
+                            yerr=sds if any(sds) else None, fmt=style, capsize=3,
+                            label=f"{backend}, {learners} learners")
         one = batch_baseline(result, optimizer)
         _references(ax, result, one["heldout_loss"] if one else None,
                     f"one learner at {one['global_batch']:,}" if one else "")
         ax.set_xscale("log", base=2)
         ax.set(xlabel="global batch (chunks)", ylabel=f"{LOSS} after {plan.epochs} epochs",
-               title=f"batch tolerance, {optimizer} (LR x sqrt(B/256))")
+               title=f"batch tolerance, {optimizer} (LR x sqrt(B/256))"
+                     f"{_seeds_note(result).replace(', ', chr(10), 1)}")
         ax.legend(fontsize=8)
     _save(plt, fig, path)
 
@@ -871,23 +877,31 @@ def _optimizer_label(name: str, optimizers: dict) -> str:
     return f"SGD {lr:g}, momentum 0.9"
 
 
+def _batch_pairs(rows: list[dict]) -> Iterator[tuple[str, int, int, dict]]:
+    """(a)'s points in the run's order: (optimizer, learners, global batch, {backend: row})."""
+    keys = list(dict.fromkeys((r["optimizer"], r["learners"], r["global_batch"]) for r in rows))
+    for optimizer, learners, global_batch in keys:
+        yield optimizer, learners, global_batch, {
+            r["backend"]: r for r in rows
+            if (r["optimizer"], r["learners"], r["global_batch"]) == (optimizer, learners,
+                                                                      global_batch)}
+
+
 def table_batch(result: dict) -> str:
-    """(a) Batch tolerance: a row for each optimizer, learner count and global batch."""
+    """(a) Batch tolerance: a row for each optimizer, learner count and global batch, the
+    held-out loss as mean ± sd over the seeds (the lowest mean in bold)."""
     optimizers = result.get("optimizers", OPTIMIZERS)
     rows = result["rows"]
     trained = [r for r in rows if "skipped" not in r]
     best = min(trained, key=lambda r: r["heldout_loss"], default=None)
-    lines = ["| optimizer | learners | global batch (chunks) | steps an epoch | SSGD | "
-             "AD-PSGD (random ring) |", "|---|---|---|---|---|---|"]
+    n = _seeds(rows)
+    lines = ["| optimizer | learners | global batch (chunks) | steps an epoch | "
+             f"SSGD{_of_seeds(n)} | AD-PSGD (random ring) |", "|---|---|---|---|---|---|"]
     named = set()
-    keys = list(dict.fromkeys((r["optimizer"], r["learners"], r["global_batch"]) for r in rows))
-    for optimizer, learners, global_batch in keys:
-        pair = {r["backend"]: r for r in rows if (r["optimizer"], r["learners"],
-                                                 r["global_batch"]) == (optimizer, learners,
-                                                                        global_batch)}
+    for optimizer, learners, global_batch, pair in _batch_pairs(rows):
         cells = []
         for backend in ("ssgd", "adpsgd"):
-            cell = _loss(pair.get(backend))
+            cell = _loss_sd(pair.get(backend))
             cells.append(f"**{cell}**" if pair.get(backend) is best else cell)
         label = optimizer.upper() if optimizer == "sgd" else optimizer.capitalize()
         if optimizer not in named:
@@ -897,6 +911,16 @@ def table_batch(result: dict) -> str:
         lines.append(f"| {label} | {learners} | {global_batch:,} | {steps} | {cells[0]} | "
                      f"{cells[1]} |")
     return "\n".join(lines)
+
+
+def table_batch_pairs(result: dict) -> str:
+    """(a) At each optimizer, learner count and global batch, AD-PSGD against SSGD."""
+    pairs = []
+    for optimizer, learners, global_batch, pair in _batch_pairs(result["rows"]):
+        label = "Adam" if optimizer == "adam" else optimizer.upper()
+        pairs.append((f"{label}, {learners} learners, {global_batch:,}: AD-PSGD − SSGD",
+                      pair.get("adpsgd"), pair.get("ssgd")))
+    return _pairs_table(pairs)
 
 
 TOPOLOGY_NAMES = {"ring": "ring", "random_ring": "random ring", "exponential": "exponential"}
@@ -1097,7 +1121,8 @@ def table_quick_gap(result: dict) -> str:
 
 TABLES = {"batch": table_batch, "gap": table_gap, "delay": table_delay, "hier": table_hier,
           "real": table_real, "quick_batch": table_quick_batch, "quick_gap": table_quick_gap,
-          "gap_pairs": table_gap_pairs, "delay_pairs": table_delay_pairs,
+          "batch_pairs": table_batch_pairs, "gap_pairs": table_gap_pairs,
+          "delay_pairs": table_delay_pairs,
           "hier_pairs": table_hier_pairs}
 
 
@@ -1165,13 +1190,26 @@ EXPERIMENTS = {"batch": (exp_batch, plot_batch), "gap": (exp_gap, plot_gap),
                "real": (exp_real, plot_real)}
 
 
-def done_before(path: Path, plan: Plan) -> dict | None:
-    """The result at ``path`` if it was made for ``plan``."""
+# The plan's fields an experiment never reads: a result made under a plan that differs from this
+# one only there is this plan's result. ``real`` runs each point ``real_runs`` times with one seed
+# (the trainer's default, 1: what moves between the runs is the gossip's timing).
+NOT_READ = {"real": ("seeds",)}
+
+
+def plan_key(plan: dict, name: str | None) -> dict:
+    """The fields of ``plan`` (a JSON plan) that experiment ``name``'s result depends on."""
+    return {k: v for k, v in plan.items() if k not in NOT_READ.get(name or "", ())}
+
+
+def done_before(path: Path, plan: Plan, name: str | None = None) -> dict | None:
+    """The result at ``path`` if it was made for ``plan`` (for experiment ``name``: its
+    :func:`plan_key`, the fields it reads; None: every field)."""
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
     # as JSON has it: tuples are lists
-    return result if result.get("plan") == json.loads(json.dumps(asdict(plan))) else None
+    want = plan_key(json.loads(json.dumps(asdict(plan))), name)
+    return result if plan_key(result.get("plan") or {}, name) == want else None
 
 
 def load() -> float:
@@ -1209,7 +1247,7 @@ def run_plan(plan: Plan, out: Path, exp: Path | None, only: list[str], redo: boo
     for name in only or list(EXPERIMENTS):
         run, plot = EXPERIMENTS[name]
         path = out / f"science_{name}.json"
-        result = None if redo else done_before(path, plan)
+        result = None if redo else done_before(path, plan, name)
         if result is not None:
             print(f"{name}: done before ({path})", flush=True)
         else:
@@ -1218,7 +1256,8 @@ def run_plan(plan: Plan, out: Path, exp: Path | None, only: list[str], redo: boo
             if name == "real":
                 result = exp_real(base, plan, exp)
             elif name == "hier":
-                batch = results.get("batch") or done_before(out / "science_batch.json", plan)
+                batch = results.get("batch") or done_before(out / "science_batch.json", plan,
+                                                            "batch")
                 result = exp_hier(base, plan, batch)
             else:
                 result = run(base, plan)

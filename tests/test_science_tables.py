@@ -1,15 +1,18 @@
 """docs/science.md's tables of bench/science.py's experiments are that script's table_<name> of
 the committed compact results, docs/science/science_<name>.json (written by `python
-bench/science.py --full` and `--quick`): a figure in those tables can be checked without a rerun.
-A missing JSON fails: the doc's tables have nothing behind them then."""
+bench/science.py --full` and `--quick`), and its table "Agreement with the real backends" is
+bench/sim_agreement.py's of docs/science/sim_agreement.json: a figure in those tables can be
+checked without a rerun. A missing JSON fails: the doc's tables have nothing behind them then."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import science  # bench/science.py (conftest puts bench/ on the path)
+import sim_agreement  # bench/sim_agreement.py
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "science.md"
@@ -18,6 +21,7 @@ COMMITTED = REPO / "docs" / "science"
 # (the JSON's name, the table, the heading the table follows in the doc, which table after it)
 CASES = [
     ("batch", "batch", "### (a) Batch tolerance", 0),
+    ("batch", "batch_pairs", "### (a) Batch tolerance", 1),
     ("gap", "gap", "### (b) Spectral gap, randomized ring, exponential graph", 0),
     ("gap", "gap_pairs", "### (b) Spectral gap, randomized ring, exponential graph", 1),
     ("delay", "delay", "### Delay-by-one, with and without a straggler", 0),
@@ -70,7 +74,8 @@ def test_the_docs_table_is_the_committed_json(name: str, table: str, heading: st
 def test_the_committed_json_is_compact_and_says_how_it_was_made(name: str) -> None:
     path = COMMITTED / f"science_{name}.json"
     assert path.is_file(), f"{path} is not committed"
-    assert path.stat().st_size < 64_000, path.stat().st_size
+    # small: under 100 kB (batch, the largest: 28 points x 3 seeds, each seed's epochs kept)
+    assert path.stat().st_size < 100_000, path.stat().st_size
     committed = json.loads(path.read_text())
     mode = "--quick" if name == "quick" else "--full"
     assert committed["command"].startswith("python bench/science.py") and \
@@ -79,7 +84,7 @@ def test_the_committed_json_is_compact_and_says_how_it_was_made(name: str) -> No
     if name != "quick":
         assert committed["plan"]["name"] == "full"
         assert committed["plan"]["real_runs"] == science.FULL.real_runs
-    if name in ("gap", "delay", "hier"):  # each training point with every seed of the plan
+    if name in ("batch", "gap", "delay", "hier"):  # each training point with every seed
         assert committed["plan"]["seeds"] == science.FULL.seeds >= 3
         rows = [*committed["rows"], committed.get("ssgd") or committed["rows"][0]]
         for row in rows:
@@ -89,6 +94,46 @@ def test_the_committed_json_is_compact_and_says_how_it_was_made(name: str) -> No
                 losses = [run["heldout_loss"] for run in row["seeds"]]
                 assert row["heldout_loss"] == pytest.approx(sum(losses) / len(losses))
                 assert len(set(losses)) == len(losses), row  # the seeds are different runs
+
+
+@pytest.mark.parametrize("name", ["batch", "gap", "delay", "hier", "real"])
+def test_full_with_the_committed_json_copied_in_reruns_nothing(name: str) -> None:
+    """Each committed result was made for the plan `--full` runs (its key: the fields the
+    experiment reads), so `bench/science.py --full` with them in --out runs none again."""
+    assert science.done_before(COMMITTED / f"science_{name}.json", science.FULL, name) \
+        is not None
+
+
+def test_the_real_points_read_no_seeds(tmp_path: Path) -> None:
+    """real runs each point real_runs times with one seed: a result made under a plan with
+    other seeds (or none, before Plan.seeds) is still the plan's; not so for the seeded ones."""
+    plan = json.loads(json.dumps(asdict(science.FULL)))
+    for seeds in (None, 1, 5):
+        other = {k: v for k, v in plan.items() if k != "seeds"}
+        if seeds is not None:
+            other["seeds"] = seeds
+        path = tmp_path / f"science_{seeds}.json"
+        path.write_text(json.dumps({"plan": other, "rows": []}))
+        assert science.done_before(path, science.FULL, "real") is not None
+        for name in ("batch", "gap", "delay", "hier", None):
+            assert science.done_before(path, science.FULL, name) is None, name
+    assert science.plan_key(plan, "real") == {k: v for k, v in plan.items() if k != "seeds"}
+
+
+def test_the_agreement_table_is_the_committed_json() -> None:
+    """docs/science.md's "Agreement with the real backends" is bench/sim_agreement.py's table of
+    docs/science/sim_agreement.json, which has every check and says how it was made."""
+    path = COMMITTED / "sim_agreement.json"
+    assert path.is_file(), f"{path} is not committed: run python bench/sim_agreement.py"
+    assert path.stat().st_size < 64_000, path.stat().st_size
+    committed = json.loads(path.read_text())
+    assert set(committed["checks"]) == set(sim_agreement.CHECKS)
+    assert committed["command"].startswith("python bench/sim_agreement.py")
+    assert set(committed["runs"]) == set(sim_agreement.CHECKS)
+    for run in committed["runs"].values():  # each check's command, wall time and load
+        assert run["command"].startswith("python bench/sim_agreement.py") and run["wall_s"] > 0
+    tables = section_tables(DOC.read_text(), "## Agreement with the real backends")
+    assert tables and tables[0] == sim_agreement.table_sim_agreement(committed).splitlines()
 
 
 def test_the_difference_of_two_points_over_seeds() -> None:
