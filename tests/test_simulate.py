@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import forked_cli
@@ -18,6 +17,18 @@ import science  # bench/science.py
 import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
 from conftest import copy_exp
+from sim_agreement import (  # bench/sim_agreement.py: the checks behind docs/science.md's table
+    CTC_RUN,
+    DIM,
+    HIDDEN,
+    LEARN,
+    SEEDS,
+    SSGD_RUN,
+    TINY_HYBRID,
+    SyntheticWorkload,
+    heldout,
+    spawn,
+)
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed import allreduce, gossip, topology
@@ -29,57 +40,6 @@ from asrtrain.simulate.speeds import learner_factors
 from asrtrain.simulate.timing import EXCHANGE, GossipClock, gossip_events, sync_segments
 
 REPO = Path(__file__).resolve().parents[1]
-DIM, HIDDEN, EXAMPLES = 8, 16, 256
-
-
-class SyntheticWorkload:
-    """bench/synthetic.py's learner as a simulator workload: the same MLP, data, global batches
-    (learner r takes ``[r::world]`` of step s's), SGD with momentum and inverse-decay LR."""
-
-    def __init__(self, steps: int, batch: int, lr: float, decay: float, seed: int = 0) -> None:
-        self.model = synthetic.make_model(DIM, HIDDEN, seed)
-        self.x, self.y = synthetic.make_data(EXAMPLES, DIM, seed)
-        self.steps, self.batch, self.lr0, self.decay = steps, batch, lr, decay
-
-    def epoch_steps(self, epoch: int, world: int) -> int:
-        return self.steps
-
-    def batches(self, epoch: int, rank: int, world: int) -> Iterator:
-        for step in range(self.steps):
-            idx = synthetic.global_batch(step, self.batch, EXAMPLES)[rank::world]
-            yield self.x[idx], self.y[idx]
-
-    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
-        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
-
-    def samples(self, batch) -> int:
-        return len(batch[0])
-
-    def heldout_loss(self, model: torch.nn.Module) -> float:
-        with torch.no_grad():
-            return float(torch.nn.functional.mse_loss(model(self.x), self.y))
-
-    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=self.lr0, momentum=0.9)
-
-    def lr(self, global_samples: int) -> float:
-        return synthetic.lr_at(self.lr0, global_samples, self.decay)
-
-
-def spawn(out: Path, learners: int, *args: str) -> list[dict]:
-    torch.set_num_threads(1)
-    codes = synthetic.run_local(out, learners, args, 90.0)
-    assert codes == dict.fromkeys(range(learners), 0), list(out.glob("error*"))
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(learners)]
-
-
-def heldout(state: dict[str, torch.Tensor], seed: int) -> float:
-    work = SyntheticWorkload(1, 1, 0.0, 1.0, seed)
-    work.model.load_state_dict(state)
-    return work.heldout_loss(work.model)
-
-
-# -- the simulator's averaging is the backends' code -----------------------------------------------
 
 def test_simulator_calls_the_functions_the_backends_call() -> None:
     """Not copies: the very function objects, and the backends call them too (a copy on either
@@ -172,11 +132,6 @@ def test_zero_lr_consensus_distance_per_round_equals_real(
         exact += r in near
     assert exact >= len(points) // 2  # mostly the count itself
     assert min(by_round.values()) < 0.5 * first  # gossip moved them
-
-
-LEARN = ["--steps", "40", "--batch", "36", "--lr", "0.1", "--decay-samples", "1e9",
-         "--sleep", "0.03"]
-SEEDS = range(4)
 
 
 @pytest.mark.timeout(300)
@@ -322,16 +277,8 @@ def exp(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return out, make_exp(out)
 
 
-TINY_HYBRID = ["hybrid.model.layers=1", "hybrid.model.cells=32", "hybrid.model.bottleneck=16"]
-SSGD_RUN = [*TINY_HYBRID, "hybrid.trainer.batch_chunks=16", "hybrid.trainer.epochs=2"]
-
-
 def asrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return forked_cli.run(*args, timeout=timeout)
-
-
-CTC_RUN = ["model.layers=1", "model.cells=32", "model.bottleneck=16", "trainer.epochs=2",
-           "trainer.batch_frames=4000"]
 
 
 @pytest.mark.timeout(900)
