@@ -128,6 +128,8 @@ def two_nodes(prefixes, host: str, links, exp: Path, name: str, epochs: int,
     return {"run_seconds": final["run_seconds"], "epoch_seconds": final["epoch_seconds"],
             "global_samples": final["global_samples"],
             "dev_loss": final["dev_loss"],
+            # the last drain's barrier (gossiping backends; asrtrain.distributed.gossip)
+            "hold_s": final.get("gossip_hold_s"),
             "exchanges_per_s": statistics.median(rates) if rates else None,
             "frames_per_s": statistics.median(fps) if fps else None}
 

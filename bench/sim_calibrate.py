@@ -129,12 +129,14 @@ def real(prefixes, host, links, exp: Path, name: str, epochs: int, backend: str,
     return row
 
 
-def compare(free: dict, limited: dict, bandwidth: float) -> dict:
-    """The limited run predicted from the unlimited one's seconds per step."""
+def compare(free: dict, limited: dict, bandwidth: float, hold_messages: float = 0.0) -> dict:
+    """The limited run predicted from the unlimited one's seconds per step; the drain's barrier
+    ``hold_messages`` message times long (:func:`fit_hold`)."""
     backend, learners, delay = free["backend"], free["learners"], free["delay_by_one"]
     unlimited = Network(bandwidth=1e12)  # the veth unlimited: its latencies are in the step
     net = Network(bandwidth=bandwidth)
     nbytes = free["model_bytes"]
+    hold = hold_messages * nbytes / bandwidth
     base = predict(backend, learners, delay, nbytes, unlimited, 1.0)
     epochs = free["epochs"]
     if "epoch_seconds" not in free:
@@ -151,7 +153,7 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
         epochs)
     ours = predict(backend, learners, delay, nbytes, net, per_step)
     wall = fixed + simulated_wall(backend, learners, delay, nbytes, net, ours,
-                                  limited["steps_mean"], epochs)
+                                  limited["steps_mean"], epochs, hold)
     seeds = {str(d): predict(backend, learners, d, nbytes, net, per_step, True)
              for d in (False, True)}
     rounds_per_s = ours.rounds_per_step / ours.step_s if ours.round_s else None
@@ -161,6 +163,7 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
            "predicted": {"allreduce_s": ours.allreduce_s, "exchange_s": ours.exchange_s,
                          "round_s": ours.round_s, "step_s": ours.step_s,
                          "rounds_per_step": ours.rounds_per_step, "wall_s": wall},
+           "hold_s": hold, "real_hold_s": limited.get("hold_s"),
            "real_wall_s": limited["run_seconds"], "ratio": wall / limited["run_seconds"],
            "unlimited_wall_s": free["run_seconds"],
            "load": [free["load"], limited["load"]],
@@ -176,11 +179,11 @@ def compare(free: dict, limited: dict, bandwidth: float) -> dict:
 
 
 def simulated_wall(backend: str, learners: int, delay: bool, nbytes: float, net: Network,
-                   st, steps: float, epochs: int) -> float:
+                   st, steps: float, epochs: int, hold_s: float = 0.0) -> float:
     """The simulator's wall time for ``steps`` equal steps of ``st.step_s``: the gossip
     thread's event timing (timing.gossip_events: rounds at the model's exchange time, the drain
-    that ends the epoch), then the epoch's consensus (a model allreduce over all learners across
-    the link, for the gossiping backends)."""
+    that ends the epoch ``hold_s`` after the last step), then the epoch's consensus (a model
+    allreduce over all learners across the link, for the gossiping backends)."""
     shape = sim_shape(backend)
     members = shape.members(learners, learners // 2)
     n = round(steps / epochs)
@@ -194,7 +197,7 @@ def simulated_wall(backend: str, learners: int, delay: bool, nbytes: float, net:
     for _ in range(epochs):
         ends = [now + np.arange(1, n + 1) * st.step_s for _ in range(members)]
         _events, now = gossip_events(sched, ends, now, clock, delay, IDLE_S,
-                                     LinkCosts(net, nbytes, placement(members, 2)), 0)
+                                     LinkCosts(net, nbytes, placement(members, 2)), 0, hold_s)
         now += ring_allreduce_s(learners, nbytes, net.bandwidth, net.latency_s)
     return now + rest
 
@@ -219,10 +222,27 @@ def median_runs(rows: list[dict], rate: str) -> dict[tuple, dict]:
             for k, v in runs.items()}
 
 
-def analyse(rows: list[dict], rate: str, fraction: float | None = None) -> dict:
+def fit_hold(rows: list[dict], rate: str, bandwidth: float) -> tuple[float, list[float]]:
+    """The drain's barrier (the trainer's ``gossip_hold_s``: from the last learner's arrival
+    until rounds stop being counted) as a link property: the median over the limited gossiping
+    runs of their measured hold, in times of one message over the link at ``bandwidth``. Its
+    small messages cross behind the gossip bytes queued on the link, so it is not a latency."""
+    runs = [r for r in rows if r["rate"] == rate and r["backend"] != "ssgd"]
+    holds = [r["hold_s"] for r in runs if r.get("hold_s") is not None]
+    if not runs or len(holds) < len(runs):
+        raise SystemExit(f"sim_calibrate: {len(runs) - len(holds)} of the {len(runs)} gossiping "
+                         f"runs at {rate} record no drain hold (gossip_hold_s: runs made before "
+                         "it was measured); run them again, or give --hold-messages")
+    return statistics.median(holds) / (runs[0]["model_bytes"] / bandwidth), holds
+
+
+def analyse(rows: list[dict], rate: str, fraction: float | None = None,
+            hold_messages: float | None = None) -> dict:
     """Pair each setting's unlimited and limited runs; fit the bandwidth on the first SSGD pair
-    (the fewest learners) and predict every other pair with it, and with the tc rate as given.
-    ``fraction``: no fit; the link carries this fraction of the tc rate (an earlier fit's)."""
+    (the fewest learners) and the drain's hold on the gossiping runs' measured holds
+    (:func:`fit_hold`), and predict every other pair with them, and with the tc rate as given.
+    ``fraction``: no fit; the link carries this fraction of the tc rate (an earlier fit's);
+    ``hold_messages``: no fit of the hold; this many message times (an earlier fit's)."""
     free, limited = median_runs(rows, "none"), median_runs(rows, rate)
     pairs = [(free[k], limited[k]) for k in free if k in limited]
     nominal = rate_bytes(rate)
@@ -232,17 +252,22 @@ def analyse(rows: list[dict], rate: str, fraction: float | None = None) -> dict:
         fitted = fit_bandwidth(*fit_pair)
     else:
         fit_pair, fitted = (None, None), fraction * nominal
+    holds = None
+    hold = hold_messages
+    if hold is None:
+        hold, holds = fit_hold(rows, rate, fitted)
     comparisons = []
     for f, lim in pairs:
-        row = compare(f, lim, fitted)
+        row = compare(f, lim, fitted, hold)
         row["fit_point"] = f is fit_pair[0]
-        row["ratio_at_nominal_rate"] = compare(f, lim, nominal)["ratio"]
+        row["ratio_at_nominal_rate"] = compare(f, lim, nominal, hold)["ratio"]
         comparisons.append(row)
     return {"rate": rate, "nominal_bytes_per_s": nominal, "fitted_bytes_per_s": fitted,
             "fitted_fraction_of_nominal": fitted / nominal, "given_fraction": fraction,
             "fit_on": ({k: fit_pair[0][k] for k in ("backend", "learners", "delay_by_one")}
                        if fit_pair[0] is not None else f"given: {fraction} of the tc rate"),
-            "comparisons": comparisons}
+            "hold_messages": hold, "given_hold_messages": hold_messages,
+            "measured_hold_s": holds, "comparisons": comparisons}
 
 
 def table(result: dict) -> str:
@@ -276,6 +301,10 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=None,
                     help="no fit: the link carries this fraction of the tc rate (an earlier "
                          "run's fitted_fraction_of_nominal)")
+    ap.add_argument("--hold-messages", type=float, default=None,
+                    help="no fit of the drain's hold: this many message times over the link "
+                         "(an earlier run's hold_messages; runs made before the trainer "
+                         "measured gossip_hold_s need it)")
     ap.add_argument("--from", dest="source", type=Path, default=None,
                     help="recompute the comparisons from the runs of an earlier result")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "science" / "sim_calibrate.json")
@@ -293,7 +322,7 @@ def main() -> None:
                              f"{args.rate} each way, queue {args.queue}; {os.cpu_count()} "
                              "CPU cores shared with other work (load beside each row)"),
               "queue": args.queue,
-              "runs": rows, **analyse(rows, args.rate, args.fraction)}
+              "runs": rows, **analyse(rows, args.rate, args.fraction, args.hold_messages)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(result, indent=1) + "\n")

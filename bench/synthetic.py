@@ -183,6 +183,7 @@ def run(args: argparse.Namespace) -> None:
     _wait_rounds(backend, args.wait_rounds, args.timeout)
 
     final_distance = backend.consensus_distance()
+    drain = backend.drain_figures()  # that meeting's drain: the learners arrive from their steps
     consensus = backend.consensus()
     metrics = backend.reduce_mean({"loss": last_loss})
     stats = {"rank": rank, "world_size": backend.world_size, "backend": backend.name,
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
              "global_samples": backend.global_samples(), "distances": distances,
              "final_distance": final_distance, "mean_loss": metrics["loss"],
              "exchanges": getattr(getattr(backend, "gossip", None), "exchanges", 0),
-             "rounds": _rounds(backend),
+             "rounds": _rounds(backend), "drain": drain,
              "gossip_seconds": getattr(getattr(backend, "gossip", None), "seconds", None),
              "threads": torch.get_num_threads(), "describe": backend.describe(),
              # True where this process was forked from one that had used CUDA (it could not)

@@ -137,6 +137,27 @@ def test_a_learner_without_a_step_keeps_its_partners_gossiping(tmp_path: Path) -
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["adpsgd", "hadpsgd"])
+def test_the_drain_reports_the_barriers_own_time_not_the_wait_for_a_slow_learner(
+        tmp_path: Path, backend: str) -> None:
+    """The epoch summary's gossip_hold_s is the least wait in the drain's barrier: the last
+    learner to arrive waits only for the barrier itself, the others for it too (learner 3 takes
+    4x as long a step: the others wait ~1.8 s). Every learner reports the same hold and the
+    same round limit, reached by every member."""
+    codes = spawn(tmp_path, 4, "--backend", backend, "--per-node", "2", "--steps", "30",
+                  "--sleep", "0.02", "--slow", "3:4", "--idle", "0.02")
+    assert codes == dict.fromkeys(range(4), 0), list(tmp_path.glob("error*"))
+    stats, _ = results(tmp_path, 4)
+    drains = [s["drain"] for s in stats]
+    assert set(drains[0]) == {"gossip_hold_s", "gossip_rounds", "gossip_drain_s"}
+    assert len({(d["gossip_hold_s"], d["gossip_rounds"]) for d in drains}) == 1, drains
+    assert 0 <= drains[0]["gossip_hold_s"] < 0.5, drains   # not the fast learners' ~1.8 s
+    assert drains[0]["gossip_rounds"] >= 1 and all(d["gossip_drain_s"] >= 0 for d in drains)
+    members = stats if backend == "adpsgd" else stats[::2]  # hadpsgd: the node leaders
+    assert all(s["rounds"] >= drains[0]["gossip_rounds"] for s in members)
+
+
+@pytest.mark.timeout(120)
 def test_adpsgd_learns(tmp_path: Path) -> None:
     codes = spawn(tmp_path, 3, "--backend", "adpsgd", "--steps", "40", "--batch", "36",
                   "--lr", "0.1", "--decay-samples", "1e9", "--start-samples", "5000")

@@ -80,6 +80,14 @@ def test_tiny_recipe_trains_with_four_learners(exp: Path, backend: str, extra: l
     final = torch.load(exp / "train" / name / "final.pt", map_location="cpu",
                        weights_only=False)
     assert final["epoch"] == 1 and final["metrics"]["global_samples"] > 0
+    # the epoch's drain, where learners gossip (hadpsgd's 2 nodes; adpsgd's 4 members)
+    drain = {k: v for k, v in final["metrics"].items() if k.startswith("gossip_")}
+    if backend == "ssgd":
+        assert drain == {}
+    else:
+        assert set(drain) == {"gossip_hold_s", "gossip_rounds", "gossip_drain_s"}, drain
+        assert drain["gossip_hold_s"] >= 0 and drain["gossip_rounds"] >= 1, drain
+        assert "gossip_hold_s" in log  # the epoch's log line
     assert len(WER_LINE.findall(out.stdout)) == 3
 
 

@@ -137,6 +137,13 @@ class Backend(ABC):
         one drain; collective."""
         return self.consensus(), 0.0
 
+    def drain_figures(self) -> dict[str, float]:
+        """What this learner's last drain of background exchanges took, as the epoch summary's
+        figures (``gossip_hold_s``, ``gossip_rounds``, ``gossip_drain_s``: see
+        :class:`asrtrain.distributed.gossip.DrainFigures`); empty where nothing runs in the
+        background."""
+        return {}
+
     def describe(self) -> str:
         """A one-line summary of the configuration for the start of the training log."""
         return f"backend {self.name}: {self.world_size} learner(s)"

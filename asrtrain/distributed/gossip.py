@@ -424,6 +424,31 @@ def gossip_change(snapshot: torch.Tensor, received: list[torch.Tensor], weight: 
     return delta
 
 
+@dataclass(frozen=True)
+class DrainFigures:
+    """What one :func:`drain_gossip` took (the epoch summary's ``gossip_*`` figures; the time
+    model of :mod:`asrtrain.simulate.timing` takes ``hold_s`` from them).
+
+    ``hold_s``: seconds from the last learner's arrival to the hold, the barrier's own time (the
+    least any learner waited in it: the last to arrive waits only for the barrier). Arrived
+    learners go on counting rounds until then. ``rounds``: the round every member ran up to (the
+    maximum started at the hold). ``drain_s``: this learner's seconds from the hold until nothing
+    was in flight."""
+
+    hold_s: float
+    rounds: int
+    drain_s: float
+
+
+def drain_summary(figures: DrainFigures | None) -> dict[str, float]:
+    """A backend's :meth:`~asrtrain.distributed.backend.Backend.drain_figures` from its last
+    drain (none yet: empty)."""
+    if figures is None:
+        return {}
+    return {"gossip_hold_s": figures.hold_s, "gossip_rounds": float(figures.rounds),
+            "gossip_drain_s": figures.drain_s}
+
+
 class _PeerError(Exception):
     def __init__(self, peer: int, cause: BaseException) -> None:
         super().__init__(str(cause))
@@ -431,7 +456,7 @@ class _PeerError(Exception):
         self.cause = cause
 
 
-def drain_gossip(comm: Comm, gossip: Gossip | None) -> None:
+def drain_gossip(comm: Comm, gossip: Gossip | None) -> DrainFigures:
     """Finish every round started anywhere and stop gossip until ``gossip.release()``;
     collective over all learners (a learner without a gossip thread passes None).
 
@@ -443,21 +468,28 @@ def drain_gossip(comm: Comm, gossip: Gossip | None) -> None:
     distance 0.29-0.61, held-out loss 1.40; with the fix and blocks for all, 35-56 exchanges/s,
     0.04-0.06, 1.005). Then each member stops starting rounds and says how many it started; all run
     up to the maximum, so every exchange a partner posted is answered, and wait until nothing is
-    in flight.
+    in flight. Returns what it took (:class:`DrainFigures`, the same ``hold_s`` and ``rounds``
+    on every learner).
     """
     if gossip is not None:
         gossip.arrive()
+    arrived = time.monotonic()
     comm.barrier("gossip drain: every learner at the epoch's end")
+    held = time.monotonic()
     started = gossip.hold_and_count() if gossip is not None else 0
     limit = comm.allreduce_int(started, "gossip drain", op=dist.ReduceOp.MAX)
     if gossip is not None:
         gossip.drain_to(limit, comm.timeout.total_seconds())
+    drained = time.monotonic()
     # The sample counters ride along the exchanges, so a member's last steps after its last
     # exchange are unknown to the others: the drained learners (where an epoch ends) share
-    # their own counts, and every member's global count is exact there.
-    own = torch.zeros(comm.world_size, dtype=torch.int64)
+    # their own counts, and every member's global count is exact there. The same collective
+    # carries the barrier's wait (negated, in microseconds: the maximum is the least wait).
+    own = torch.zeros(comm.world_size + 1, dtype=torch.int64)
     if gossip is not None:
         own[comm.rank] = gossip.own_count()
+    own[-1] = -round((held - arrived) * 1e6)
     own = comm.allreduce(own, "gossip sample counts", op=dist.ReduceOp.MAX)
     if gossip is not None:
-        gossip.merge_counts(own[gossip.ranks])
+        gossip.merge_counts(own[:-1][gossip.ranks])
+    return DrainFigures(hold_s=-int(own[-1]) / 1e6, rounds=limit, drain_s=drained - held)

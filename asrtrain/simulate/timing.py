@@ -4,16 +4,19 @@ schedule as the real gossip thread (:class:`asrtrain.distributed.gossip.Gossip`)
 Compute never waits for gossip (it runs in a background thread), so the step times are known in
 advance; the rounds then follow from them, round after round, with the thread's rules:
 
-- a member starts round ``r`` once its previous round is done and either a step finished since
-  that round started, or ``idle_s`` passed since it started (never before its first step);
+- a member counts round ``r`` once it posted the previous round and either a step finished since
+  it counted that round, or ``idle_s`` passed since it counted it (never before its first step);
+  without delay-by-one it runs it at once, after the previous round is done;
 - without delay-by-one a phase's exchange ends ``exchange_s`` after both partners reached it,
   and the round's change is applied when its last phase ends;
 - with delay-by-one the messages are posted at the round's start and travel while the member
   steps on: the change is applied when the next round starts, which waits for the messages
-  (the thread counts that next round as started at its trigger, before the wait, so the drain
-  runs it whole);
-- at the end of the epoch every member finishes the rounds started anywhere (the drain before
-  the consensus, :func:`asrtrain.distributed.gossip.drain_gossip`) and starts no more.
+  (the thread counts that next round before the wait, so the drain runs it whole; and a round
+  whose wait outlasted ``idle_s`` is followed by a count as soon as it is posted);
+- at the end of the epoch the learners meet in a barrier; until it is over, ``hold_s`` after the
+  last step, members go on counting rounds (the arrived learners' idle trigger); then every
+  member finishes the rounds counted anywhere (the drain before the consensus,
+  :func:`asrtrain.distributed.gossip.drain_gossip`) and starts no more.
 
 The result is a list of events ``(time, round, phase, kind, a, b)`` in the order they happen;
 ties are broken so that a step comes before gossip at the same moment and a round's exchanges
@@ -81,30 +84,36 @@ def _trigger(ends: np.ndarray, last_start: float, idle_s: float, may_idle: bool)
 
 def gossip_events(schedule: Schedule, ends: list[np.ndarray], t0: float, clock: GossipClock,
                   delay_by_one: bool, idle_s: float, exchange_s: float | LinkCosts,
-                  log_every: int) -> tuple[list[Event], float]:
+                  log_every: int, hold_s: float = 0.0) -> tuple[list[Event], float]:
     """The gossip events of one epoch that starts at ``t0`` (members' step end times ``ends``);
     returns them and the time the epoch's drain is over. ``clock`` is advanced.
     ``exchange_s``: the seconds of every exchange, or :class:`LinkCosts`, each pair's from where
-    the members sit."""
+    the members sit. ``hold_s``: the drain's barrier, from the last step until rounds stop being
+    counted (the trainer measures it: ``gossip_hold_s`` of an epoch's summary)."""
     n = len(ends)
     t_end = max((float(e[-1]) for e in ends if len(e)), default=t0)
+    t_hold = t_end + hold_s
     first = [float(e[0]) if len(e) else math.inf for e in ends]
-    last_start = np.full(n, t0)
+    last_count = np.full(n, t0)     # when each member's thread last counted a round
+    last_post = np.full(n, t0)      # and last started (posted) one
     ready = np.full(n, t0)          # previous round done (or, delay-by-one: its messages in)
     pending: list[int] = []         # delay-by-one: members with a posted round to apply
     events: list[Event] = []
     finish = t0
     r = clock.rounds
     while n > 1:
-        trig = np.array([_trigger(ends[i], last_start[i], idle_s,
-                                  clock.stepped or last_start[i] >= first[i]) for i in range(n)])
+        # The idle clock runs from the last count; the next count comes once the last round
+        # is posted (Gossip._rounds).
+        trig = np.maximum(last_post, [_trigger(ends[i], last_count[i], idle_s,
+                                               clock.stepped or last_count[i] >= first[i])
+                                      for i in range(n)])
         # A round counts as started at its trigger, without delay-by-one once the previous
         # round is done; with it the thread counts the round, then waits for the previous
-        # round's messages and posts it (Gossip._rounds): a round so counted before the epoch's
-        # end is one the drain runs whole. The last step still triggers one.
-        if (trig if delay_by_one else np.maximum(ready, trig)).min() > t_end:
+        # round's messages and posts it: a round so counted before the hold is one the drain
+        # runs whole. The last step still triggers one.
+        if (trig if delay_by_one else np.maximum(ready, trig)).min() > t_hold:
             break
-        start = np.maximum(ready, np.minimum(trig, t_end))  # the drain starts the rest at once
+        start = np.maximum(ready, np.minimum(trig, t_hold))  # the drain starts the rest at once
         if delay_by_one and pending:
             events += _applies(start, pending, r - 1, log_every)
         t, posted, touched = start.copy(), start.copy(), set()
@@ -125,7 +134,8 @@ def gossip_events(schedule: Schedule, ends: list[np.ndarray], t0: float, clock: 
         else:
             ready = t
             events += _applies(t, sorted(touched), r, log_every)
-        last_start = start
+        last_count = np.minimum(trig, t_hold) if delay_by_one else start
+        last_post = start
         finish = max(finish, float(ready.max()))
         r += 1
     if delay_by_one and pending:  # the drain applies the last posted round

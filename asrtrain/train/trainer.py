@@ -408,6 +408,8 @@ def _epoch_summary(run: _Run, epoch: int,
     del dev_model
     sums.update(train_loss=figures.loss_sum, train_steps=figures.steps,
                 frames_per_second=figures.frames / max(figures.seconds, 1e-9))
+    drain = backend.drain_figures()  # gossiping backends: what the epoch's drain took
+    sums.update(drain)
     if backend.world_size > 1:  # each learner's samples under its own key: zeros but one
         sums.update({f"samples_learner_{r}": figures.samples if r == backend.rank else 0
                      for r in range(backend.world_size)})
@@ -425,6 +427,7 @@ def _epoch_summary(run: _Run, epoch: int,
                "run_seconds": time.monotonic() - run.started}
     if not shared:
         summary["consensus_distance"] = distance
+    summary.update({k: means[k] for k in drain})  # the hold and rounds agree; drain_s: a mean
     if backend.world_size > 1:
         summary.update({f"samples_learner_{r}": round(means[f"samples_learner_{r}"] *
                                                       backend.world_size)

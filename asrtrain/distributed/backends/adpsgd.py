@@ -18,8 +18,10 @@ from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.claims import EpochClaims, default_store
 from asrtrain.distributed.gossip import (
+    DrainFigures,
     Gossip,
     drain_gossip,
+    drain_summary,
     gossip_group_backend,
     start_gossip_group,
 )
@@ -35,6 +37,7 @@ class ADPSGDBackend(DistributedBackend):
     lockstep = "none"
     sim_shape = SimShape(sync="learner", gossip=True)
     gossip: Gossip | None = None
+    last_drain: DrainFigures | None = None
 
     def create_groups(self) -> None:
         self.wire = gossip_group_backend(self.cfg.gossip_backend, self.device)
@@ -78,7 +81,10 @@ class ADPSGDBackend(DistributedBackend):
         return self.gossip.exchanges if self.gossip is not None else None
 
     def drain(self) -> None:
-        drain_gossip(self.comm, self._gossip())
+        self.last_drain = drain_gossip(self.comm, self._gossip())
+
+    def drain_figures(self) -> dict[str, float]:
+        return drain_summary(self.last_drain)
 
     def release(self) -> None:
         self._gossip().release()

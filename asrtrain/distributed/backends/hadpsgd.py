@@ -24,8 +24,10 @@ from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.claims import EpochClaims, default_store
 from asrtrain.distributed.comm import add_flat_, common_dtype
 from asrtrain.distributed.gossip import (
+    DrainFigures,
     Gossip,
     drain_gossip,
+    drain_summary,
     gossip_group_backend,
     start_gossip_group,
 )
@@ -41,6 +43,7 @@ class HADPSGDBackend(DistributedBackend):
     lockstep = "node"
     sim_shape = SimShape(sync="node", gossip=True)
     gossip: Gossip | None = None
+    last_drain: DrainFigures | None = None
     reduce: GradientAllreduce | None = None
 
     def create_groups(self) -> None:
@@ -150,9 +153,12 @@ class HADPSGDBackend(DistributedBackend):
         """Finish in-flight gossip everywhere (:func:`drain_gossip`) and share it in nodes."""
         if self.nodes == 1:
             return
-        drain_gossip(self.comm, self.gossip)
+        self.last_drain = drain_gossip(self.comm, self.gossip)
         if self.per_node > 1:
             self._share_in_node(0)
+
+    def drain_figures(self) -> dict[str, float]:
+        return drain_summary(self.last_drain)
 
     def release(self) -> None:
         if self.gossip is not None:
