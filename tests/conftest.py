@@ -157,6 +157,26 @@ def device(request: pytest.FixtureRequest):
     return torch.device("cuda" if "cuda" in request.keywords else "cpu")
 
 
+@pytest.fixture
+def one_thread():
+    """This test's in-process torch and BLAS work in one thread each, as a stage's process does
+    it (``threads: 1``; bench/science.py's main sets the same), the caller's counts restored
+    after. torch's default, a thread per core, costs far more than it gives on tiny inputs
+    while the suite's other worker keeps the cores busy: OpenMP threads waiting on each other
+    (the tri4 first-pass decode of test_align_sat_stage: 17.5 s with 2 threads, 2.1 s with 1;
+    three simulated points of test_bench_science: 13.5 s and 5.7 s, on 2 cores at load ~4)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # ------------------------------------------------------------ built once for the whole session
 def _once(factory: pytest.TempPathFactory, name: str, build, own: bool = False):
     """``build()``'s result, built by one pytest process of the session and read by the others.

@@ -66,6 +66,13 @@ def exp(tmp_path_factory: pytest.TempPathFactory, tiny_shipped: dict) -> Path:
     return exp
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_here(one_thread: None) -> None:
+    """The decoding, fMLLR and feature checks these tests run in this process: one thread
+    (conftest's one_thread; the undecoded-set test took 72 s with torch's default 2, 10 s with
+    1, at load 4-6)."""
+
+
 def fmllr_features(model_dir: Path, mfcc: Path, trans: dict[str, np.ndarray]
                    ) -> dict[str, np.ndarray]:
     """The SAT model's features of every utterance, computed here from its parts."""
