@@ -165,9 +165,10 @@ def lists_named(x: object, keys: tuple[str, ...]) -> list[list]:
 
 
 @pytest.mark.timeout(600)
-def test_the_seed_reaches_the_simulation(small_run: Path) -> None:
+def test_the_seed_reaches_the_simulation(small_run: Path, one_thread: None) -> None:
     """A training point's seed is the trainer's and the simulator's: the same seed gives the
-    same run, another seed another run (gap / delay / hier run each point with every seed)."""
+    same run, another seed another run (gap / delay / hier run each point with every seed).
+    In one thread, as science.py's main simulates (conftest's one_thread)."""
     base = science.ensure_exp(small_run.parent / "exp")
     plan = science.SMALL
 
