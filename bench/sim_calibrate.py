@@ -130,13 +130,17 @@ def real(prefixes, host, links, exp: Path, name: str, epochs: int, backend: str,
 
 
 def compare(free: dict, limited: dict, bandwidth: float, hold_messages: float = 0.0) -> dict:
-    """The limited run predicted from the unlimited one's seconds per step; the drain's barrier
-    ``hold_messages`` message times long (:func:`fit_hold`)."""
+    """The limited run predicted from the unlimited one's seconds per step. The drain's barrier
+    (its hold) is the limited run's own, as the trainer measured it (``gossip_hold_s``: how
+    long it takes depends on the gossip bytes queued on the link, which the model does not
+    follow); for a run made before the trainer measured it, ``hold_messages`` message times
+    (:func:`fit_hold`)."""
     backend, learners, delay = free["backend"], free["learners"], free["delay_by_one"]
     unlimited = Network(bandwidth=1e12)  # the veth unlimited: its latencies are in the step
     net = Network(bandwidth=bandwidth)
     nbytes = free["model_bytes"]
-    hold = hold_messages * nbytes / bandwidth
+    measured = limited.get("hold_s")
+    hold = measured if measured is not None else hold_messages * nbytes / bandwidth
     base = predict(backend, learners, delay, nbytes, unlimited, 1.0)
     epochs = free["epochs"]
     if "epoch_seconds" not in free:
@@ -224,9 +228,10 @@ def median_runs(rows: list[dict], rate: str) -> dict[tuple, dict]:
 
 def fit_hold(rows: list[dict], rate: str, bandwidth: float) -> tuple[float, list[float]]:
     """The drain's barrier (the trainer's ``gossip_hold_s``: from the last learner's arrival
-    until rounds stop being counted) as a link property: the median over the limited gossiping
-    runs of their measured hold, in times of one message over the link at ``bandwidth``. Its
-    small messages cross behind the gossip bytes queued on the link, so it is not a latency."""
+    until rounds stop being counted) as one figure of the link: the median over the limited
+    gossiping runs of their measured hold, in times of one message over the link at
+    ``bandwidth`` (its small messages cross behind the gossip bytes queued on the link, so it is
+    not a latency). The comparisons take each run's own; this is for runs without one."""
     runs = [r for r in rows if r["rate"] == rate and r["backend"] != "ssgd"]
     holds = [r["hold_s"] for r in runs if r.get("hold_s") is not None]
     if not runs or len(holds) < len(runs):
@@ -273,15 +278,21 @@ def analyse(rows: list[dict], rate: str, fraction: float | None = None,
 def table(result: dict) -> str:
     """docs/science.md's calibration table."""
     lines = ["| backend | learners | delay-by-one | unlimited (s) | real, limited (s) | "
-             "simulated (s) | ratio | ratio at the tc rate | seeds' learner, no delay / "
-             "delay-by-one (s) | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "simulated (s) | ratio | ratio at the tc rate | drain's hold, real / model (s) | "
+             "seeds' learner, no delay / delay-by-one (s) | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["comparisons"]:
         seeds = c["seeds_learner_wall_s"]
+        gossips = c["backend"] != "ssgd"
+        real_hold = c.get("real_hold_s")
+        hold = (f"{real_hold:.2f}" if real_hold is not None else "—") + (
+            f" / {c['hold_s']:.2f}" if gossips else "")
         lines.append(
             f"| {c['backend']} | {c['learners']} | {'yes' if c['delay_by_one'] else 'no'} | "
             f"{c['unlimited_wall_s']:.2f} | {c['real_wall_s']:.2f} | "
             f"{c['predicted']['wall_s']:.2f} | {c['ratio']:.2f} | "
-            f"{c['ratio_at_nominal_rate']:.2f} | {seeds['delay_by_one=False']:.2f} / "
+            f"{c['ratio_at_nominal_rate']:.2f} | {hold if gossips else '—'} | "
+            f"{seeds['delay_by_one=False']:.2f} / "
             f"{seeds['delay_by_one=True']:.2f} | {c['load'][0]:.1f}, {c['load'][1]:.1f}"
             + (" (the bandwidth's fit) |" if c["fit_point"] else " |"))
     return "\n".join(lines)

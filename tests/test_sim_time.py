@@ -138,6 +138,26 @@ def test_with_delay_by_one_a_round_counts_at_its_trigger_and_the_drain_runs_it()
     assert {e[1] for e in events if e[3] == EXCHANGE} == {0}
 
 
+@pytest.mark.parametrize(("delay_by_one", "hold_s", "drained"), [
+    (True, 0.0, 2.1), (True, 1.0, 3.1), (False, 0.0, 1.1), (False, 1.0, 2.1)])
+def test_rounds_counted_until_the_drains_hold_are_run_whole(
+        delay_by_one: bool, hold_s: float, drained: float) -> None:
+    """The learners that reached the epoch's end go on counting rounds until the drain's
+    barrier is over (``hold_s`` after the last step, the trainer's measured gossip_hold_s), and
+    the thread's idle clock runs from a round's count (Gossip._rounds), so a round whose wait
+    outlasted ``idle_s`` is followed by a count as soon as it is posted. Two members, exchanges
+    of 1 s, steps ending at 0.1, 0.2, 0.3, idle 0.5 s. With delay-by-one: round 1, counted at 0.2,
+    is posted at 1.1 when round 0's messages are in; round 2 is counted then, inside a hold of 1
+    s (to 1.3), and runs whole to 3.1 (counted from round 1's post, 1.6, it would miss the hold
+    and the drain would end at 2.1). Without it: round 1 starts when round 0 ends at 1.1, inside
+    the hold, and ends at 2.1."""
+    sched = Schedule(2, "random_ring", 1)
+    ends = [np.array([0.1, 0.2, 0.3])] * 2
+    _events, end = gossip_events(sched, ends, 0.0, GossipClock(), delay_by_one, 0.5, 1.0, 0,
+                                 hold_s)
+    assert end == pytest.approx(drained)
+
+
 def test_the_drain_waits_for_the_slowest_pair_of_a_round() -> None:
     """The epoch's drain with each pair's cost: a round whose pairs are all on one machine ends
     at once; one with pairs across a slow link ends when their shared bytes are through, later
@@ -251,7 +271,7 @@ def test_the_calibration_table_is_the_committed_runs(name: str, heading: str) ->
     the JSON's comparisons are what bench/sim_calibrate.py computes from its runs."""
     committed = json.loads((REPO / "docs" / "science" / name).read_text())
     again = sim_calibrate.analyse(committed["runs"], committed["rate"],
-                                  committed["given_fraction"])
+                                  committed["given_fraction"], committed["given_hold_messages"])
     assert json.loads(json.dumps(again)) == {k: committed[k] for k in again}
     doc = _doc_table(heading)
     assert len(doc) == len(committed["comparisons"])
@@ -262,4 +282,10 @@ def test_the_calibration_table_is_the_committed_runs(name: str, heading: str) ->
         assert numbers == pytest.approx([c["unlimited_wall_s"], c["real_wall_s"],
                                          c["predicted"]["wall_s"], c["ratio"],
                                          c["ratio_at_nominal_rate"]], abs=0.0051)
+        if c["backend"] == "ssgd":   # no drain
+            assert row[8] == "—"
+        else:                        # the drain's hold: the run's measured one / the model's
+            real, model = row[8].split(" / ")
+            assert real == ("—" if c["real_hold_s"] is None else f"{c['real_hold_s']:.2f}")
+            assert float(model) == pytest.approx(c["hold_s"], abs=0.0051)
         assert math.isfinite(c["load"][1])
