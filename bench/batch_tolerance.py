@@ -235,6 +235,17 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def table_real(summary: dict) -> str:
+    """docs/science.md's table of the real gloo runs at the summary's real point."""
+    lines = ["| run | global batch | LR | seed | held-out loss | wall |",
+             "|---|---|---|---|---|---|"]
+    for r in summary["real"]["rows"]:
+        lines.append(f"| {r['backend']} x {r['learners']} | {r['global_batch']:,} | "
+                     f"{r['lr']:g} | {r['seed']} | {r['heldout_loss']:.4f} | "
+                     f"{r['wall_s']:.0f} s |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=4.0)

@@ -114,6 +114,12 @@ def test_claim_a_table_and_verdict_are_the_committed_json(name: str, heading: st
     assert bt.decide(sweep["rows"]) == {k: sweep[k] for k in ("largest_tolerated", "verdict")}
     if "real" in committed:
         assert committed["real"]["global_batch"] == bt.deciding_batch(sweep)
+        # the real runs' table: the next after the sweep's whose header is the real one's
+        real = bt.table_real(committed).splitlines()
+        rest = text[start:].splitlines()
+        at = rest.index(real[0])
+        got = [line for line in rest[at:at + len(real) + 1] if line.startswith("|")]
+        assert got == real
 
 
 def test_real_alone_takes_the_deciding_point_from_the_summary(
