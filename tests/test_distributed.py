@@ -151,7 +151,9 @@ def test_the_drain_reports_the_barriers_own_time_not_the_wait_for_a_slow_learner
     drains = [s["drain"] for s in stats]
     assert set(drains[0]) == {"gossip_hold_s", "gossip_rounds", "gossip_drain_s"}
     assert len({(d["gossip_hold_s"], d["gossip_rounds"]) for d in drains}) == 1, drains
-    assert 0 <= drains[0]["gossip_hold_s"] < 0.5, drains   # not the fast learners' ~1.8 s
+    # not the fast learners' wait (~1.8 s: how much longer the slow learner's steps took)
+    waited = max(x["elapsed"] for x in stats) - min(x["elapsed"] for x in stats)
+    assert 0 <= drains[0]["gossip_hold_s"] < 0.5 * waited, (drains, waited)
     assert drains[0]["gossip_rounds"] >= 1 and all(d["gossip_drain_s"] >= 0 for d in drains)
     members = stats if backend == "adpsgd" else stats[::2]  # hadpsgd: the node leaders
     assert all(s["rounds"] >= drains[0]["gossip_rounds"] for s in members)
