@@ -96,13 +96,15 @@ def as_job_config(nj: int | JobConfig) -> JobConfig:
 
 def set_threads(n: int) -> None:
     """This process's torch intra-op threads and its BLAS/OpenMP pools (numpy's OpenBLAS, MKL)
-    to ``n``; the environment too, for the processes it starts."""
-    import torch
-
+    to ``n``; the environment too, for the processes it starts. torch is not imported for it
+    (1.2-1.7 CPU-s, most of a light stage's process: prepare, lang, lm): where it is not loaded
+    yet, it takes ``OMP_NUM_THREADS`` when it is."""
     n = max(1, int(n))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(n)
-    torch.set_num_threads(n)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:   # a dependency of ours; absent only in a broken install

@@ -4,6 +4,8 @@ whole speakers per split."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,6 +106,21 @@ def test_set_threads_sets_torch_and_the_environment():
         assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
     finally:
         torch.set_num_threads(before)
+
+
+def test_set_threads_before_torch_is_loaded_reaches_torch_when_it_is():
+    """A stage's process sets its threads before it knows whether it needs torch: set_threads
+    does not import it (a light stage's process would spend most of its time on that), and
+    torch, imported afterwards, runs at that count: 1, where its default is a thread a core
+    (torch takes OMP_NUM_THREADS up to the cores, so a count above them is capped there)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: torch's default is already one thread, nothing to tell apart")
+    code = ("import sys; from asrtrain.jobs import set_threads; set_threads(1); "
+            "assert 'torch' not in sys.modules; import torch; print(torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert out.stdout.split() == ["1"], out.stderr
 
 
 def test_split_by_speaker_keeps_speakers_whole_and_balances_frames():
