@@ -1,18 +1,25 @@
 """``cmd: slurm``: a stage's jobs as one SLURM job array, submitted with submitit (as Kaldi's
 ``slurm.pl``; submitit is what Hydra's SLURM launcher uses).
 
-Each job is the same picklable callable :func:`asrtrain.jobs.run_jobs` runs locally, run by the
+The array has ``min(nj, len(args))`` tasks, as Kaldi's ``JOB=1:nj``: task ``j`` (0-based) serves
+the arguments ``j, j + nj, j + 2·nj, ...`` one after another, in one interpreter, as a local
+:class:`asrtrain.jobs.JobPool` worker serves several blocks (a task's start, a fresh interpreter
+importing torch, is paid ``nj`` times a call, not once per argument).  Each call is the same
+picklable callable :func:`asrtrain.jobs.run_jobs` runs locally; each result is written to a file
+of its own, ``<task id>_job<k>_result.pkl`` (``k``: the argument's 1-based index), under a
+temporary name and then renamed, as soon as it is made (:class:`ArrayTask`).  The tasks run the
 submitting interpreter (``sys.executable``, so the same virtual environment) on a node, with the
 submitting environment (``sbatch``'s default ``--export=ALL``).  submitit keeps its pickles and
-the jobs' logs in ``slurm.folder`` or ``exp/log/slurm/<desc>/``.  The parent polls the queue
-every ``slurm.poll_s`` seconds: results come back in the order of the arguments, each as soon as
-it and those before it are done (:func:`iter_slurm_jobs`; a large result that comes early waits in
-its pickle, so the caller holds one at a time); the first job
-that fails cancels the others and raises an error with its SLURM id, its logs and the end of its
-traceback; Ctrl-C cancels them all (``scancel``).  A job's state comes from submitit's watcher
-(``sacct``) and from ``squeue``, so clusters without accounting work too.  When every unfinished
-job has stayed PENDING, none running, for ``slurm.pending_timeout_s`` (a job the cluster can never
-start: too many CPUs for its nodes, a partition down...), the jobs are cancelled and the error
+the tasks' logs in ``slurm.folder`` or ``exp/log/slurm/<desc>/``; a task's log marks where each
+of its jobs starts.  The parent polls the queue every ``slurm.poll_s`` seconds: results come
+back in the order of the arguments, each as soon as it and those before it are done
+(:func:`iter_slurm_jobs`; a result that comes early waits in its file, so the caller holds one
+at a time); the first job that fails cancels the others and raises an error naming the job (its
+argument's index), its array task's SLURM id, the task's logs and the end of its traceback;
+Ctrl-C cancels them all (``scancel``).  A task's state comes from submitit's watcher (``sacct``)
+and from ``squeue``, so clusters without accounting work too.  When every unfinished task has
+stayed PENDING, none running, for ``slurm.pending_timeout_s`` (a task the cluster can never
+start: too many CPUs for its nodes, a partition down...), the tasks are cancelled and the error
 gives squeue's reasons; without that option the wait goes on, with a warning after
 :data:`PENDING_WARN_S`.
 """
@@ -20,6 +27,7 @@ gives squeue's reasons; without that option the wait goes on, with a warning aft
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -64,8 +72,9 @@ def job_folder(jobs: JobConfig, desc: str) -> Path:
     return base.resolve() / slug(desc)
 
 
-def make_executor(jobs: JobConfig, desc: str, n_jobs: int):
-    """A submitit executor for ``n_jobs`` array jobs with the recipe's ``slurm:`` options."""
+def make_executor(jobs: JobConfig, desc: str, n_tasks: int):
+    """A submitit executor for an array of ``n_tasks`` tasks, all at once, with the recipe's
+    ``slurm:`` options."""
     import submitit
 
     s = jobs.slurm
@@ -74,7 +83,7 @@ def make_executor(jobs: JobConfig, desc: str, n_jobs: int):
         "name": f"asrtrain-{slug(desc)}", "timeout_min": int(s.timeout_min),
         "mem_gb": s.mem_gb, "cpus_per_task": int(s.cpus_per_task or jobs.threads),
         "nodes": 1, "tasks_per_node": 1,
-        "slurm_array_parallelism": max(1, min(jobs.nj, n_jobs)),
+        "slurm_array_parallelism": max(1, min(jobs.nj, n_tasks)),
     }
     if s.partition:
         params["slurm_partition"] = str(s.partition)
@@ -84,17 +93,72 @@ def make_executor(jobs: JobConfig, desc: str, n_jobs: int):
     return executor
 
 
+def task_args(n: int, nj: int) -> list[list[int]]:
+    """The argument indices each array task serves: ``min(nj, n)`` tasks, task ``j`` the
+    indices ``j, j + nj, j + 2·nj, ...`` below ``n`` (Kaldi's ``JOB=1:nj`` over the blocks)."""
+    m = max(1, min(int(nj), n))
+    return [list(range(j, n, m)) for j in range(m)]
+
+
+def result_file(folder: Path | str, task_id: str, i: int) -> Path:
+    """Where array task ``task_id`` (``"123_4"``) writes the result of argument ``i``."""
+    return Path(folder) / f"{task_id}_job{i + 1}_result.pkl"
+
+
+class JobFailed(Exception):
+    """Raised by an array task, from the exception of one of its jobs (its cause), to say which
+    job failed; the parent reads the index back from the task's traceback text."""
+
+    def __init__(self, i: int, n: int) -> None:
+        super().__init__(f"{_FAILED_MARK}{i + 1} of {n} (the exception above)")
+        self.i = i
+
+
+_FAILED_MARK = "this array task stopped at its failed job: job "
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n"
+
+
+class ArrayTask:
+    """One array task's work: ``fn`` called on each of its ``(index, argument)`` pairs in turn,
+    each result written to its own file (:func:`result_file`, in the task's submitit folder)
+    under a temporary name, then renamed, so that the parent never reads a half-written result
+    and holds one at a time.  A job that raises ends the task with :class:`JobFailed`, caused by
+    the job's exception: submitit records the traceback and SLURM the task as FAILED."""
+
+    def __init__(self, fn: Callable[[Any], Any], n: int, desc: str) -> None:
+        self.fn, self.n, self.desc = fn, n, desc
+
+    def __call__(self, items: list[tuple[int, Any]]) -> int:
+        import submitit
+        from submitit.core.utils import cloudpickle_dump
+
+        env = submitit.JobEnvironment()
+        for i, arg in items:
+            mark = f"--- {self.desc}: job {i + 1} of {self.n} (SLURM job {env.job_id})"
+            print(mark, flush=True)
+            print(mark, file=sys.stderr, flush=True)
+            path = result_file(env.paths.folder, env.job_id, i)
+            tmp = path.with_name(path.name + ".tmp")
+            try:
+                cloudpickle_dump(self.fn(arg), tmp)
+            except Exception as e:
+                tmp.unlink(missing_ok=True)   # a result that could not be pickled
+                raise JobFailed(i, self.n) from e
+            os.replace(tmp, path)
+        return len(items)
+
+
 def run_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConfig,
                    desc: str) -> list:
-    """``[fn(a) for a in args]`` as one SLURM job array, at most ``jobs.nj`` running at once;
-    results in the order of ``args``.  See the module docstring."""
+    """``[fn(a) for a in args]`` as one SLURM job array of at most ``jobs.nj`` tasks; results in
+    the order of ``args``.  See the module docstring."""
     return list(iter_slurm_jobs(fn, args, jobs, desc))
 
 
 def iter_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConfig,
                     desc: str) -> Iterator:
     """:func:`run_slurm_jobs`'s results one at a time, in the order of ``args``, each as soon as
-    it and those before it are done; a result that comes early stays on disk (its pickle) until
+    it and those before it are done; a result that comes early stays on disk (its file) until
     its turn, so the caller holds one result at a time however many jobs finish ahead of it
     (the align stage's per-block statistics: :class:`asrtrain.align.passes.PassJobs`)."""
     if shutil.which("sbatch") is None:
@@ -102,19 +166,21 @@ def iter_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConf
     args = list(args)
     if not args:
         return
-    executor = make_executor(jobs, desc, len(args))
+    groups = task_args(len(args), jobs.nj)
+    executor = make_executor(jobs, desc, len(groups))
     try:
-        submitted = executor.map_array(fn, args)
+        submitted = executor.map_array(ArrayTask(fn, len(args), desc),
+                                       [[(i, args[i]) for i in g] for g in groups])
     except Exception as e:   # submitit's FailedSubmissionError: sbatch's own message
-        raise AsrtrainError(f"{desc}: sbatch refused the {len(args)} jobs (folder "
-                            f"{job_folder(jobs, desc)}): {e}") from e
-    log.info("%s: %d jobs submitted to SLURM as array %s (at most %d at once; logs in %s)",
-             desc, len(args), submitted[0].job_id.split("_")[0], min(jobs.nj, len(args)),
-             job_folder(jobs, desc))
+        raise AsrtrainError(f"{desc}: sbatch refused the array of {len(groups)} tasks for "
+                            f"{len(args)} jobs (folder {job_folder(jobs, desc)}): {e}") from e
+    log.info("%s: %d jobs submitted to SLURM as array %s of %d tasks (task j serves jobs "
+             "j+1, j+1+%d, ...; logs in %s)", desc, len(args), submitted[0].job_id.split("_")[0],
+             len(groups), len(groups), job_folder(jobs, desc))
     finished = False
     try:
         timeout = jobs.slurm.pending_timeout_s
-        yield from _collect(submitted, desc, float(jobs.slurm.poll_s),
+        yield from _collect(submitted, groups, desc, float(jobs.slurm.poll_s),
                             None if timeout is None else float(timeout))
         finished = True
     finally:
@@ -122,86 +188,97 @@ def iter_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConf
             _cancel(submitted)
 
 
-#: A finished job's result pickle up to this size is read as soon as it is there, ahead of its
-#: turn (a failure is a short traceback: the run stops at once); a larger one waits on disk.
-PEEK_BYTES = 1 << 20
-
-
-def _collect(submitted: list, desc: str, poll_s: float,
+def _collect(submitted: list, groups: list[list[int]], desc: str, poll_s: float,
              pending_timeout_s: float | None = None) -> Iterator:
-    """Wait for the jobs, a progress bar over the finished ones; yield the results in order,
-    each once it and those before it are done.  A result that finishes ahead of its turn is
-    read then only when its pickle is small (:data:`PEEK_BYTES`: a failure stops the run at
-    once); a large one is read at its turn, so at most one large result is in memory.  An error
-    when all the unfinished jobs stay PENDING for ``pending_timeout_s`` (None: no limit)."""
+    """Wait for the array's tasks (``groups[t]``: the argument indices task ``t`` serves), a
+    progress bar over the finished jobs; yield the results in order, each once it and those
+    before it are done, read from its file at its turn (so at most one result is in memory).
+    A task that fails (its result pickle, a traceback) stops the run at once, whichever job's
+    turn it is.  An error when all the unfinished tasks stay PENDING for ``pending_timeout_s``
+    (None: no limit)."""
     from submitit.core.utils import pickle_load
 
-    n = len(submitted)
-    early: dict[int, Any] = {}      # small results read ahead of their turn
-    done: set[int] = set()          # finished (a result pickle), not yet given out
+    n = sum(len(g) for g in groups)
+    task_of = {i: t for t, g in enumerate(groups) for i in g}
+    files = {i: result_file(submitted[t].paths.folder, submitted[t].job_id, i)
+             for i, t in task_of.items()}
+    done: set[int] = set()          # a result file, not yet given out
     nxt = 0
-    pending = set(range(n))
+    pending = set(range(n))         # jobs without a result file
     gone_since: dict[int, float] = {}
     stalled_since, warned = time.time(), False
 
-    def value(i: int) -> Any:
-        outcome, v = _load(pickle_load, submitted[i].paths.result_pickle)
-        if outcome != "success":
-            raise AsrtrainError(_failure(desc, i, n, submitted[i], "failed", str(v)))
-        return v
+    def first_pending(t: int) -> int:
+        return min((i for i in groups[t] if i in pending), default=groups[t][-1])
 
     with tqdm(total=n, desc=desc, unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         while nxt < n:
             before = len(pending)
             for i in sorted(pending):
-                path = submitted[i].paths.result_pickle
-                if path.exists():
-                    if i != nxt and path.stat().st_size <= PEEK_BYTES:
-                        early[i] = value(i)
+                if files[i].exists():
                     pending.discard(i)
                     done.add(i)
                     bar.update()
             while nxt in done:
                 done.discard(nxt)
-                result = early.pop(nxt) if nxt in early else value(nxt)
+                result = _load(pickle_load, files[nxt])
                 nxt += 1
                 yield result
             if not pending:
                 continue
+            open_tasks = sorted({task_of[i] for i in pending})
+            for t in open_tasks:   # a task's own pickle: its failure, or its end
+                path = submitted[t].paths.result_pickle
+                if path.exists():
+                    outcome, v = _load(pickle_load, path)
+                    if outcome != "success":
+                        i, tb = _failed_job(str(v), first_pending(t))
+                        raise AsrtrainError(_failure(desc, i, n, submitted[t], groups[t],
+                                                     "failed", tb))
             states = _queue_states(submitted[0].job_id.split("_")[0])
             now = time.time()
             if len(pending) < before or any(
-                    _state(submitted[i], states) != "PENDING" for i in pending):
+                    _state(submitted[t], states) != "PENDING" for t in open_tasks):
                 stalled_since, warned = now, False
             waited = now - stalled_since
             if pending_timeout_s is not None and waited > pending_timeout_s:
                 raise AsrtrainError(
-                    f"{desc}: none of the {len(pending)} unfinished SLURM jobs (array "
+                    f"{desc}: none of the {len(open_tasks)} unfinished SLURM jobs (array "
                     f"{submitted[0].job_id.split('_')[0]}) started in {waited:.0f} s "
                     f"(slurm.pending_timeout_s={pending_timeout_s:g}): "
-                    f"{_pending_reasons(submitted, pending, states)}. The cluster cannot run "
-                    f"them as asked (sinfo: nodes down? cpus_per_task or mem_gb more than a "
+                    f"{_pending_reasons(submitted, open_tasks, states)}. The cluster cannot "
+                    f"run them as asked (sinfo: nodes down? cpus_per_task or mem_gb more than a "
                     f"node has? the partition?) or is busy: raise slurm.pending_timeout_s to wait "
                     f"longer; the jobs were cancelled")
             if waited > PENDING_WARN_S and not warned:
                 warned = True
                 log.warning("%s: none of the %d unfinished SLURM jobs started in %.0f s: %s",
-                            desc, len(pending), waited,
-                            _pending_reasons(submitted, pending, states))
-            for i in sorted(pending):
-                state = _state(submitted[i], states)
-                if state in UNFINISHED:
-                    gone_since.pop(i, None)
-                elif now - gone_since.setdefault(i, now) > RESULT_GRACE_S:
+                            desc, len(open_tasks), waited,
+                            _pending_reasons(submitted, open_tasks, states))
+            for t in open_tasks:
+                state = _state(submitted[t], states)
+                if state in UNFINISHED and not submitted[t].paths.result_pickle.exists():
+                    gone_since.pop(t, None)
+                elif now - gone_since.setdefault(t, now) > RESULT_GRACE_S:
                     raise AsrtrainError(_failure(
-                        desc, i, n, submitted[i], f"ended without a result (SLURM state "
-                        f"{state}: killed, out of memory or time, or the node failed)",
-                        _tail(submitted[i].paths.stderr)))
+                        desc, first_pending(t), n, submitted[t], groups[t],
+                        f"ended without a result (SLURM state {state}: killed, out of memory "
+                        f"or time, or the node failed)", _tail(submitted[t].paths.stderr)))
             time.sleep(poll_s)
 
 
+def _failed_job(tb: str, default: int) -> tuple[int, str]:
+    """The failed job's index and its own traceback, from a task's traceback text (the job's
+    exception, then :class:`JobFailed`); ``default`` and the whole text when the task failed
+    outside its jobs (its pickle could not be read, say)."""
+    head, sep, tail = tb.rpartition(_CAUSE)
+    m = re.search(re.escape(_FAILED_MARK) + r"(\d+) of \d+ \(the exception above\)\s*$",
+                  tail) if sep else None
+    return (int(m.group(1)) - 1, head) if m else (default, tb)
+
+
 def _load(pickle_load: Callable, path: Path) -> tuple[str, Any]:
-    """A result pickle, read again once when caught half-written."""
+    """A pickle, read again once when caught half-written."""
     try:
         return pickle_load(path)
     except EOFError:
@@ -228,11 +305,11 @@ def _queue_states(array_id: str) -> dict[str, tuple[str, str]]:
     return states
 
 
-def _pending_reasons(submitted: list, pending: set[int], states: dict) -> str:
-    """``PENDING (reason PartitionConfig: 150_0, 150_1)``: squeue's reasons for the jobs."""
+def _pending_reasons(submitted: list, tasks: list[int], states: dict) -> str:
+    """``PENDING (reason PartitionConfig: 150_0, 150_1)``: squeue's reasons for the tasks."""
     by_reason: dict[str, list[str]] = {}
-    for i in sorted(pending):
-        job_id = submitted[i].job_id
+    for t in tasks:
+        job_id = submitted[t].job_id
         reason = states.get(job_id, ("", "not in squeue"))[1] or "none given"
         by_reason.setdefault(reason, []).append(job_id)
     return "; ".join(f"PENDING (reason {r}: " + ", ".join(ids[:5])
@@ -256,18 +333,21 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
         return f"(no {path.name})"
 
 
-def _failure(desc: str, i: int, n: int, job: Any, what: str, detail: str) -> str:
-    """The error of a failed job: which one, its SLURM id, the end of its traceback (or of its
-    stderr), where its logs are."""
+def _failure(desc: str, i: int, n: int, task: Any, serves: list[int], what: str,
+             detail: str) -> str:
+    """The error of a failed job: which one, its array task's SLURM id, the end of its
+    traceback (or of the task's stderr), where the task's logs are and which jobs they hold."""
     lines = [ln for ln in detail.strip().splitlines() if ln.strip()][-TAIL_LINES:]
-    return (f"{desc}: job {i + 1} of {n} (SLURM job {job.job_id}) {what}"
+    held = ", ".join(str(k + 1) for k in serves[:8]) + (", ..." if len(serves) > 8 else "")
+    return (f"{desc}: job {i + 1} of {n} (SLURM job {task.job_id}) {what}"
             + (f": {lines[-1].strip()}" if lines else "")
             + "".join(f"\n    {ln}" for ln in lines)
-            + f"\n  its logs: {job.paths.stdout}\n            {job.paths.stderr}")
+            + f"\n  its logs (jobs {held}): {task.paths.stdout}"
+            + f"\n            {task.paths.stderr}")
 
 
 def _cancel(submitted: list) -> None:
-    """``scancel`` the jobs that have not finished (a failure elsewhere, or Ctrl-C)."""
+    """``scancel`` the tasks that have not finished (a failure elsewhere, or Ctrl-C)."""
     todo = [j for j in submitted if not j.paths.result_pickle.exists()]
     for job in todo:
         job.cancel(check=False)

@@ -22,6 +22,7 @@ import torch
 
 from asrtrain import AsrtrainError
 from asrtrain.jobs import JobConfig, SlurmOptions, run_jobs
+from asrtrain.slurm import task_args
 
 REPO = Path(__file__).resolve().parents[1]
 START = REPO / "tests" / "slurm" / "start_slurm.sh"
@@ -115,13 +116,25 @@ def test_slurm_jobs_return_what_local_jobs_return_in_order(slurm_cluster, import
     local = run_jobs(_square_and_threads, args, JobConfig(nj=2), "squares")
     on_slurm = run_jobs(_square_and_threads, args, _slurm_jobs(tmp_path), "squares")
     assert on_slurm == local == [(x * x, 1) for x in args]
-    # one array, at most nj jobs of it at once, each job the array task of its argument
+    # one array of nj tasks, as Kaldi's JOB=1:nj: task j serves the arguments j, j+nj, ... in
+    # one interpreter, each result a file of its own (written under a temporary name)
     tasks = run_jobs(_array_task, args, _slurm_jobs(tmp_path, threads=2), "tasks")
-    assert tasks == [str(x) for x in args]
-    script = (tmp_path / "slurm" / "tasks").glob("*_submission.sh")
-    text = next(script).read_text()
-    assert "#SBATCH --array=0-4%2" in text and "#SBATCH --cpus-per-task=2" in text
+    assert tasks == [str(x % 2) for x in args]
+    folder = tmp_path / "slurm" / "tasks"
+    text = next(folder.glob("*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-1%2" in text and "#SBATCH --cpus-per-task=2" in text
     assert f"#SBATCH --partition={PARTITION}" in text
+    array = next(folder.glob("*_submission.sh")).name.split("_")[0]
+    assert sorted(p.name for p in folder.glob("*_job*_result.pkl*")) == sorted(
+        f"{array}_{x % 2}_job{x + 1}_result.pkl" for x in args)
+    assert len(list(folder.glob("*_log.out"))) == 2
+
+
+def test_an_array_has_min_nj_and_jobs_tasks_each_serving_every_nj_th_job():
+    assert task_args(5, 2) == [[0, 2, 4], [1, 3]]
+    assert task_args(3, 1) == [[0, 1, 2]]
+    assert task_args(2, 5) == [[0], [1]]
+    assert task_args(9, 4) == [[0, 4, 8], [1, 5], [2, 6], [3, 7]]
 
 
 @pytest.mark.timeout(600)
@@ -129,11 +142,18 @@ def test_a_failing_slurm_job_is_named_with_its_logs(slurm_cluster, importable_te
     with pytest.raises(AsrtrainError) as err:
         run_jobs(_fail_on_three, list(range(5)), _slurm_jobs(tmp_path), "counting")
     message = str(err.value)
+    # job 4 is array task 1's second job (nj=2: task 1 serves jobs 2 and 4); the error names
+    # the job, its task, the job's own traceback, and the task's logs, marked where each starts
     assert "counting: job 4 of 5 (SLURM job " in message
-    assert "_3) failed: ValueError: three is not allowed" in message
+    assert "_1) failed: ValueError: three is not allowed" in message
+    assert "in _fail_on_three" in message and "JobFailed" not in message, message
+    assert "its logs (jobs 2, 4): " in message
     logs = [Path(w) for w in message.split() if w.endswith(("_log.out", "_log.err"))]
     assert len(logs) == 2 and all(p.is_file() for p in logs), message
-    assert "three is not allowed" in logs[1].read_text()
+    err_log = logs[1].read_text()
+    assert "three is not allowed" in err_log
+    assert err_log.index("counting: job 2 of 5") < err_log.index("counting: job 4 of 5") \
+        < err_log.index("three is not allowed")
 
 
 @pytest.mark.timeout(300)
@@ -271,10 +291,11 @@ def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tiny_tri1
     The copy keeps the local mono pass (its dir and its step record, ``align/mono/.done``, with
     the stage's generation): the stage resumes at tri1 as a run killed there would, so SLURM runs
     tri1's every job kind (tree statistics, iterations, realignment, final alignment) and the dev
-    set's alignment, about half the array tasks of the two passes (each a fresh interpreter that
-    imports torch).  Mono's own job kinds, the global mean and variance and the equal alignment
-    (``setup_job`` with moments only, ``iter_job`` with ``align="equal"``), therefore go through
-    SLURM in no test; they are the same job functions, run by the same ``run_jobs``, as tri1's."""
+    set's alignment, about half the job runs of the two passes, each an array of nj=2 tasks
+    (each a fresh interpreter that imports torch) serving the 8 (train) or 5 (dev) blocks.
+    Mono's own job kinds, the global mean and variance and the equal alignment (``setup_job``
+    with moments only, ``iter_job`` with ``align="equal"``), therefore go through SLURM in no
+    test; they are the same job functions, run by the same ``run_jobs``, as tri1's."""
     local, slurm = tiny_tri1, tmp_path / "slurm"
     stages = "stages=[prepare,lang,features,lm,mfcc,align]"    # tiny_tri1's
     # everything but the align stage's record and outputs; then its finished mono pass
@@ -303,6 +324,18 @@ def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tiny_tri1
             "tri1-final-alignment"} <= kinds, kinds
     assert any(k.startswith("align-tri1-") for k in kinds), kinds
     assert not [k for k in kinds if "mono" in k], kinds
+    # each job an array of nj tasks, as Kaldi's JOB=1:nj, not a task a block: a task serves
+    # several blocks (each block's result its own file), and gives the same bytes (below)
+    arrays = {}
+    for script in (slurm / "log" / "slurm").rglob("*_submission.sh"):
+        array = script.name.split("_")[0]
+        size = re.search(r"#SBATCH --array=0-(\d+)%(\d+)\n", script.read_text())
+        assert size, script.read_text()
+        results = list(script.parent.glob(f"{array}_*_job*_result.pkl"))
+        arrays[f"{script.parent.name}/{array}"] = (int(size[1]) + 1, int(size[2]), len(results))
+    assert all(tasks == at_once == min(2, n) for tasks, at_once, n in arrays.values()), arrays
+    iters = [n for k, (_, _, n) in arrays.items() if re.match(r"tri1-iter-\d+/", k)]
+    assert iters and min(iters) > 2, arrays
     # the models, trees and alignments; not the timings (log.txt, passes.json) nor the step
     # keys (.done: each exp dir's stages have digests of their own generation)
     assert {"final.mdl", "tree.txt", "ali.ark"} <= {p.name for p in (slurm / "align").rglob("*")}
