@@ -1,7 +1,8 @@
 """Faults with real processes: the launcher killed, Ctrl-C and SIGTERM, a hung learner, a full
 disk, a read-only experiment, a run's leftovers. Each case asserts the exit status, one line
 naming the culprit, no traceback, no half-written ``*.tmp`` file and no process left behind, and
-that the same command then resumes."""
+that the same command then resumes. The stops of a training run are one experiment's, stopped
+five ways in a row, each run the resume of the run before: a learner start is ~3.7 CPU-s."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from conftest import copy_exp
 from test_e2e import REPO, SMALL
 
 # Long enough to be interrupted in the middle: the tests stop it as soon as epochs finish.
-# Three learners: a rank to hang (2) beside the rank that dies (1) and rank 0, which writes; each
-# learner more is a process start more (~3.5 CPU-s) in every run here.
+# Three learners where one hangs or dies: a rank to hang (2) beside the rank that dies (1) and
+# rank 0, which writes, so the one named is picked among its peers; two where the launcher is
+# signalled (it stops every learner it has). Each learner more is a process start more (~3.7
+# CPU-s) in every run here.
 LEARNERS = 3
 LONG = ["trainer.epochs=400", "trainer.backend=adpsgd", f"trainer.learners={LEARNERS}"]
 HANG_GUARD = 600  # seconds; a hang guard for a loaded machine, never a speed assertion
@@ -58,8 +61,8 @@ def start(exp: Path, *extra: str) -> subprocess.Popen:
 
 
 def run(exp: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(command(exp, *extra), cwd=REPO, capture_output=True, text=True,
-                          timeout=HANG_GUARD)
+    """The same command run to its end, warm (tests/forked_cli.py: a process of its own)."""
+    return forked_cli.run(*command(exp, *extra)[3:], timeout=HANG_GUARD)
 
 
 def learners(exp: Path) -> dict[int, int]:
@@ -92,10 +95,16 @@ def wait_for(predicate, what: str, proc: subprocess.Popen | None = None) -> None
         time.sleep(0.1)
 
 
-def epochs_done(exp: Path, n: int = 2):
-    model = exp / "train" / "blstm_tiny"
-    return lambda: (sum(bool(re.fullmatch(r"epoch-\d+\.pt", p.name)) for p in model.glob("*"))
-                    >= n and len(learners(exp)) >= LEARNERS)
+def last_epoch(exp: Path) -> int:
+    """The last epoch whose model checkpoint is on disk (0: none)."""
+    return max((int(m.group(1)) for p in (exp / "train" / "blstm_tiny").glob("epoch-*.pt")
+                if (m := re.fullmatch(r"epoch-(\d+)\.pt", p.name))), default=0)
+
+
+def trained_past(exp: Path, epoch: int, n: int):
+    """Whether the run has written an epoch's checkpoint after ``epoch``, its ``n`` learners
+    up."""
+    return lambda: last_epoch(exp) > epoch and len(learners(exp)) >= n
 
 
 def one_error_line(stderr: str) -> str:
@@ -114,55 +123,63 @@ def no_leftovers(exp: Path) -> None:
 
 
 def resumes(exp: Path, *extra: str) -> None:
-    """The same command (fewer epochs, a resumable setting) continues from a checkpoint."""
-    out = run(exp, *LONG[1:], *extra, "trainer.epochs=3")
+    """The same command (a resumable setting: one epoch more than were kept) continues from the
+    last epoch kept and finishes the stage."""
+    kept = last_epoch(exp)
+    out = run(exp, *LONG[1:], *extra, f"trainer.epochs={kept + 1}")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert re.search(r"resuming after epoch \d+ from", out.stderr), out.stderr[-3000:]
+    assert f"resuming after epoch {kept} from" in out.stderr, out.stderr[-3000:]
     assert (exp / "train" / "blstm_tiny" / "final.pt").is_file()
     assert (exp / ".done" / "train").is_file()
 
 
-@pytest.mark.timeout(HANG_GUARD * 3)
-@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_an_interrupted_run_says_so_in_one_line_and_resumes(exp: Path, sig, status) -> None:
-    proc = start(exp, *LONG)
-    wait_for(epochs_done(exp), "two epochs", proc)
-    os.kill(proc.pid, sig)  # the launcher only, as a terminal's Ctrl-C or a scheduler does
+def stopped(exp: Path, kept: int, sig: signal.Signals, rank: int | None = None,
+            n: int = LEARNERS, *extra: str) -> tuple[int, str]:
+    """Start the long run with ``n`` learners, wait for an epoch after ``kept`` (a run after the
+    first must have resumed after epoch ``kept``), send ``sig`` to the launcher (``rank`` None)
+    or to learner ``rank``, and once the run has ended: its exit status and output. What every
+    stop leaves: no learner, no ``*.tmp``, neither a final model nor the stage's record."""
+    proc = start(exp, *LONG, f"trainer.learners={n}", *extra)
+    wait_for(trained_past(exp, kept, n), f"an epoch after epoch {kept}", proc)
+    os.kill(proc.pid if rank is None else learners(exp)[rank], sig)
     _, stderr = proc.communicate(timeout=HANG_GUARD)
-    assert proc.returncode == status
-    line = one_error_line(stderr)
-    assert line == (f"asrtrain: stage train interrupted by {sig.name}: what finished is kept; "
-                    "run the same command to resume")
     no_leftovers(exp)
-    assert not (exp / ".done" / "train").exists()
-    resumes(exp)
-
-
-@pytest.mark.timeout(HANG_GUARD * 3)
-def test_learners_die_with_a_killed_launcher(exp: Path) -> None:
-    proc = start(exp, *LONG)
-    wait_for(epochs_done(exp), "two epochs", proc)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=HANG_GUARD)
-    no_leftovers(exp)  # no orphan trains on with nobody to record its result
     assert not (exp / "train" / "blstm_tiny" / "final.pt").exists()
-    resumes(exp)
+    assert not (exp / ".done" / "train").exists()
+    if kept:
+        assert f"resuming after epoch {kept} from" in stderr, stderr[-3000:]
+    else:
+        assert "resuming after" not in stderr, stderr[-3000:]
+    return proc.returncode, stderr
 
 
-@pytest.mark.timeout(HANG_GUARD * 3)
-@pytest.mark.parametrize("sig, rank, said", [
-    (signal.SIGSTOP, 2, "rank 2 stopped"),  # hung: alive, silent; named by who waited for it
-    (signal.SIGKILL, 1, "(exit code -9")])
-def test_the_learner_that_hangs_or_dies_is_named(exp: Path, sig, rank: int, said: str) -> None:
-    proc = start(exp, *LONG, "trainer.timeout_s=15")
-    wait_for(epochs_done(exp), "two epochs", proc)
-    os.kill(learners(exp)[rank], sig)
-    _, stderr = proc.communicate(timeout=HANG_GUARD)
-    assert proc.returncode == 1
-    line = one_error_line(stderr)
-    assert line.startswith(f"asrtrain: error: learner rank {rank} failed first"), line
-    assert said in line
-    no_leftovers(exp)
+@pytest.mark.timeout(HANG_GUARD * 7)
+def test_a_run_stopped_each_way_says_so_in_one_line_and_resumes_each_time(exp: Path) -> None:
+    """One experiment's training stopped five ways in a row, each run the resume of the run
+    before it (resuming reads what the stop left on disk, whatever stopped it; the same command,
+    or one whose learners differ, a resumable setting), then resumed to its end by the same
+    command (:func:`resumes`). Every stop: :func:`stopped`'s checks. SIGTERM and SIGINT to the
+    launcher only, as a scheduler or a terminal's Ctrl-C: exit status 128 + the signal, one line
+    saying so. SIGKILL to the launcher: its learners end with it (no orphan trains on with
+    nobody to record its result). A learner hung (SIGSTOP: alive, silent) or killed: exit status
+    1, one line naming it first (the hung one by who waited for it)."""
+    kept = 0
+    for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        code, stderr = stopped(exp, kept, sig, None, 2)
+        assert code == status, stderr[-3000:]
+        assert one_error_line(stderr) == (f"asrtrain: stage train interrupted by {sig.name}: what "
+                                          "finished is kept; run the same command to resume")
+        kept = last_epoch(exp)
+    stopped(exp, kept, signal.SIGKILL, None, 2)
+    kept = last_epoch(exp)
+    for sig, rank, said in ((signal.SIGSTOP, 2, "rank 2 stopped"),  # hung: alive, silent
+                            (signal.SIGKILL, 1, "(exit code -9")):
+        code, stderr = stopped(exp, kept, sig, rank, LEARNERS, "trainer.timeout_s=15")
+        assert code == 1, stderr[-3000:]
+        line = one_error_line(stderr)
+        assert line.startswith(f"asrtrain: error: learner rank {rank} failed first"), line
+        assert said in line
+        kept = last_epoch(exp)
     resumes(exp)
 
 
@@ -171,8 +188,7 @@ def test_leftover_temporaries_of_a_killed_run_are_removed(exp: Path) -> None:
     stale[1].parent.mkdir(parents=True, exist_ok=True)
     for p in stale:
         p.write_bytes(b"half")
-    out = subprocess.run([*command(exp), "--to", "features"], cwd=REPO, capture_output=True,
-                         text=True, timeout=HANG_GUARD)
+    out = run(exp, "--to", "features")
     assert out.returncode == 0, out.stderr
     assert "removed 2 half-written temporary file(s)" in out.stderr
     assert not any(p.exists() for p in stale)
@@ -211,9 +227,8 @@ needs_mount = pytest.mark.skipif(not can_mount(), reason="a full disk and a read
 def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "small", 3000) as fs:
         exp = fs / "exp"
-        args = [sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny", f"exp_dir={exp}",
-                *SMALL, "--to", "features"]
-        out = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD)
+        args = ["run", "recipes/tiny", f"exp_dir={exp}", *SMALL, "--to", "features"]
+        out = forked_cli.run(*args, timeout=HANG_GUARD)
         assert out.returncode == 1
         line = one_error_line(out.stderr)
         assert line.startswith("asrtrain: error: stage features: no space left on the device")
@@ -221,8 +236,7 @@ def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes(tmp_pat
         assert (exp / ".done" / "prepare").is_file() and not (exp / ".done" / "features").exists()
         prepared = {p: p.read_bytes() for p in (exp / "data").rglob("*") if p.is_file()}
         subprocess.run(["mount", "-o", "remount,size=80000k", str(fs)], check=True)
-        again = subprocess.run(args, cwd=REPO, capture_output=True, text=True,
-                               timeout=HANG_GUARD)
+        again = forked_cli.run(*args, timeout=HANG_GUARD)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "stage prepare       already done" in again.stderr
         assert all(p.read_bytes() == b for p, b in prepared.items() if p.name != "feats.scp"
