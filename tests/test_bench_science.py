@@ -168,14 +168,21 @@ def lists_named(x: object, keys: tuple[str, ...]) -> list[list]:
 def test_the_seed_reaches_the_simulation(small_run: Path, one_thread: None) -> None:
     """A training point's seed is the trainer's and the simulator's: the same seed gives the
     same run, another seed another run (gap / delay / hier run each point with every seed).
-    In one thread, as science.py's main simulates (conftest's one_thread)."""
+    The first run is the small run's own (batch's AD-PSGD point at 4 learners, seed 1, made in
+    science.py's process): the same point simulated here again gives its loss to the bit. In
+    one thread, as science.py's main simulates (conftest's one_thread)."""
     base = science.ensure_exp(small_run.parent / "exp")
     plan = science.SMALL
+    batch = json.loads((small_run / "science_batch.json").read_text())["rows"]
+    row = next(r for r in batch if (r["optimizer"], r["learners"], r["global_batch"],
+                                    r["backend"]) == (plan.optimizer, 4, 4 * plan.per_learner,
+                                                      "adpsgd"))
+    assert row["seeds"][0]["seed"] == 1
+    first = row["seeds"][0]["heldout_loss"]
 
     def loss(seed: int) -> float:
         return science.training_point(base, plan, 4, plan.per_learner, plan.optimizer,
                                       seed=seed, backend="adpsgd")["heldout_loss"]
-    first = loss(1)
     assert loss(1) == first
     assert loss(2) != first
 
