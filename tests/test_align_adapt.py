@@ -189,16 +189,24 @@ def test_align_fmllr_two_passes_write_transforms(corpus, tri4, tmp_path) -> None
 
 
 @pytest.mark.parametrize("kind", ["tri2", "tri3", "tri4"])
-def test_results_do_not_depend_on_nj(corpus, tri1, tri3, tmp_path, kind) -> None:
+def test_results_do_not_depend_on_nj_or_batches(corpus, tri1, tri3, tmp_path, kind) -> None:
     """Every statistics pass runs over the data dir's blocks of whole speakers, cut by a rule
     that does not involve nj (``split_data_dir``), and the stage sums the blocks' statistics in
     block order (tree, LDA, MLLT, fMLLR, GMM, final.alimdl, realignment): with 1, 2 and 3 jobs
-    the alignments, models, trees, transforms and alimdl are the same bytes."""
+    the alignments, models, trees, transforms and alimdl are the same bytes.
+
+    A job streams its part a batch of whole speakers at a time (issue 22): the 2-job run has one
+    speaker per batch (``part_batch_frames=1``), the 1- and 3-job runs the whole part in one
+    batch, so the same bytes also show that streaming changes nothing (this was
+    test_align_jobs_stream's whole-vs-streamed pair at nj=2, two more passes a kind). tri4's
+    align_fmllr (align_data of a SAT model: both passes and the transforms) likewise."""
     src, cfg = {"tri2": (tri1, {**TRI3, "type": "deltas"}), "tri3": (tri1, TRI3),
                 "tri4": (tri3, TRI4)}[kind]
     cfg = dict(cfg, num_iters=4, realign_iters=[2, 4], mllt_iters=[1, 3], fmllr_iters=[1, 3])
+    batch = {1: 10 ** 9, 2: 1, 3: 10 ** 9}   # frames a job holds: whole part, a speaker
     for nj in (1, 2, 3):
-        train_pass(corpus["train"], corpus["lang"], src, tmp_path / f"nj{nj}", dict(cfg, nj=nj))
+        train_pass(corpus["train"], corpus["lang"], src, tmp_path / f"nj{nj}",
+                   dict(cfg, nj=nj, part_batch_frames=batch[nj]))
         assert not list(tmp_path.glob("*.work.tmp"))   # the jobs' work dir is gone
     blocks = sorted(Path(corpus["train"]).glob("split*/[0-9]*"))
     assert len(blocks) > 2, blocks    # more blocks than jobs: a job serves several
@@ -212,6 +220,14 @@ def test_results_do_not_depend_on_nj(corpus, tri1, tri3, tmp_path, kind) -> None
                 assert a.read_text().replace("nj1", "") == b.read_text().replace(f"nj{nj}", "")
             else:
                 assert filecmp.cmp(a, b, shallow=False), f"{name}, nj={nj}"
+    if kind == "tri4":
+        out = {}
+        for name, size in (("whole", 10 ** 9), ("streamed", 1)):
+            out[name] = tmp_path / f"ali_{name}"
+            align_data(corpus["test"], corpus["lang"], tmp_path / "nj1", out[name],
+                       {"nj": 1, "fmllr_min_count": 100, "part_batch_frames": size})
+        for name in ("ali.ark", "ali_phone_state.ark", "trans.ark"):
+            assert filecmp.cmp(out["whole"] / name, out["streamed"] / name, shallow=False), name
 
 
 def test_delta_models_read_features_as_before(corpus, tri1) -> None:

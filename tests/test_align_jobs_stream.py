@@ -4,8 +4,11 @@ per batch the passes give the same bytes as with the whole part in one batch —
 trees, models, transforms and ``final.alimdl`` exactly equal, not to a tolerance — because
 every statistic runs through the batches in the part's order into one accumulator.
 
-The corpus, lang, mono, tri1 and tri3 passes are session fixtures of tests/conftest.py (4
-voices as 4 speakers of 12 training utterances each).
+The corpus and lang are session fixtures of tests/conftest.py (4 voices as 4 speakers of 12
+training utterances each). The tri2, tri3 and tri4 passes (tree, LDA, MLLT, fMLLR, GMM and
+final.alimdl statistics, realignments) and tri4's align_fmllr, streamed a speaker at a time, are
+compared in test_align_adapt's test_results_do_not_depend_on_nj_or_batches, whose 2-job run
+streams them (the same bytes as its 1- and 3-job runs of whole parts).
 """
 
 from __future__ import annotations
@@ -16,10 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_align_adapt import TRI3, TRI4
 
-from asrtrain.align import align_data, train_pass
-from asrtrain.align.model import AcousticModel, read_transforms
+from asrtrain.align.model import AcousticModel
 from asrtrain.align.passjobs import Part
 from asrtrain.data.datadir import DataDir
 from asrtrain.jobs import split_by_speaker
@@ -97,35 +98,6 @@ def test_a_job_reads_its_blocks_tables_only(corpus, tmp_path) -> None:
                     assert readers == [(str(pj.work), "mfcc", p.data_dir)]
     assert parts[1] == parts[3] and len(parts[1]) == len(data.spk2utt)   # 4 speakers: 4 blocks
     assert sorted(u for _, _, us in parts[1] for u in us) == data.utts
-
-
-@pytest.mark.parametrize("kind", ["tri2", "tri3", "tri4"])
-def test_a_speaker_per_batch_gives_the_same_bytes(corpus, tri1, tri3, tmp_path, kind) -> None:
-    """Tree, LDA, MLLT, fMLLR, GMM and final.alimdl statistics and the realignments, streamed
-    a speaker at a time (part_batch_frames=1) and the whole part at once, nj=2: the same."""
-    src, cfg = {"tri2": (tri1, {**TRI3, "type": "deltas"}), "tri3": (tri1, TRI3),
-                "tri4": (tri3, TRI4)}[kind]
-    cfg = dict(cfg, num_iters=4, realign_iters=[2, 4], mllt_iters=[1, 3], fmllr_iters=[1, 3],
-               nj=2)
-    whole, streamed = tmp_path / "whole", tmp_path / "streamed"
-    train_pass(corpus["train"], corpus["lang"], src, whole, dict(cfg, part_batch_frames=10 ** 9))
-    train_pass(corpus["train"], corpus["lang"], src, streamed, dict(cfg, part_batch_frames=1))
-    _same_bytes(whole, streamed, ["ali.ark", "ali_phone_state.ark", "tree.txt", "ali.scp"])
-    _equal_models(AcousticModel.load(whole), AcousticModel.load(streamed))
-    if kind == "tri4":
-        t1, t2 = read_transforms(whole), read_transforms(streamed)
-        assert sorted(t1) == sorted(t2)
-        assert all(np.array_equal(t1[s], t2[s]) for s in t1)
-        _equal_models(AcousticModel.load(whole, alignment_model=True),
-                      AcousticModel.load(streamed, alignment_model=True))
-        # align_fmllr (align_data of a SAT model): both passes and the transforms, streamed
-        out = {}
-        for name, size in (("whole", 10 ** 9), ("streamed", 1)):
-            out[name] = tmp_path / f"ali_{name}"
-            align_data(corpus["test"], corpus["lang"], whole, out[name],
-                       {"nj": 1, "fmllr_min_count": 100, "part_batch_frames": size})
-        _same_bytes(out["whole"], out["streamed"], ["ali.ark", "ali_phone_state.ark",
-                                                    "trans.ark"])
 
 
 def test_mono_streamed_gives_the_same_bytes(corpus, tmp_path) -> None:
