@@ -193,8 +193,12 @@ def test_ctrl_c_cancels_the_jobs(slurm_cluster, importable_tests, tmp_path):
     code = ("import sys, test_slurm as t; from pathlib import Path; "
             "from asrtrain.jobs import run_jobs; "
             f"run_jobs(t._sleep, [1, 2, 3], t._slurm_jobs(Path({str(tmp_path)!r})), 'sleepers')")
+    # Ctrl-C as a terminal's foreground job gets it: with SIGINT at its default, so Python turns
+    # it into KeyboardInterrupt (a suite started in the background of a non-interactive shell
+    # hands its children SIGINT ignored, and Python then leaves it ignored)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO / "tests")
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO / "tests",
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while not _queued("asrtrain-sleepers") and time.time() < deadline:
