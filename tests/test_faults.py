@@ -118,8 +118,10 @@ def one_error_line(stderr: str) -> str:
 
 
 def no_leftovers(exp: Path) -> None:
-    assert not list(exp.rglob("*.tmp")), list(exp.rglob("*.tmp"))
+    """Once every learner has ended (a killed launcher's learners end on their own, and may be
+    writing until then): no temporary file left."""
     wait_for(lambda: not learners(exp), "every learner to end")
+    assert not list(exp.rglob("*.tmp")), list(exp.rglob("*.tmp"))
 
 
 def resumes(exp: Path, *extra: str) -> None:

@@ -259,11 +259,16 @@ def test_gossiping_learners_meet_only_at_epoch_ends(exp: Path, tmp_path: Path, b
                       if e["kind"] == "dist" and e["thread"] != "main"]
             assert not during, (rank, epoch, during)
         exchanges = [e for e in hot if e["kind"] == "dist"]
-        assert exchanges, f"rank {rank}: no gossip exchange on the hot path: {_summary(records)}"
+        # a learner the claims left a few steps (one that started late on a loaded machine took
+        # 1 of 32) may see no exchange of its gossip thread while it steps; the others must
+        if sum(e["name"] == "step" for e in hot) >= 4:
+            assert exchanges, (f"rank {rank}: no gossip exchange on the hot path: "
+                               f"{_summary(records)}")
         assert all(e["name"] in P2P and not e["world"] and e["thread"] != "main"
                    for e in exchanges)
     steps = [sum(e["name"] == "step" for e in _hot(rec)) for rec in records]
     assert sum(steps) >= 2 * 12, steps  # two epochs of the 16 utterances' batches
+    assert any(e["kind"] == "dist" for rec in records for e in _hot(rec)), _summary(records)
     log_points = sum(e["name"] == "log_point" for rec in records for e in _hot(rec))
     assert log_points >= 8, _summary(records)  # trainer.log_every=2
 
