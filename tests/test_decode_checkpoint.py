@@ -241,13 +241,15 @@ def test_early_stop_with_learners_that_do_not_keep_in_step(overfit: Path, tmp_pa
 
     out = tmp_path / "model"
     (overfit / "log").mkdir(exist_ok=True)   # the stage's log dir, which the learners append to
+    # room past the best epoch: the gossip makes each run's curve its own (one run's best was
+    # epoch 10 of 12, which left no room to stop early)
     cfg = make_cfg(overfit, tmp_path, **{"trainer.early_stop_patience": 2,
                                          "trainer.learners": 2, "trainer.backend": "adpsgd",
-                                         "trainer.timeout_s": 120})
+                                         "trainer.timeout_s": 120, "trainer.epochs": 24})
     assert train_model(cfg, out, overfit, "key", True) == out / "final.pt"
     losses = {e: s["dev_loss"] for e, s in read_record(out).items()}
     best = min(losses, key=losses.get)
-    assert max(losses) == best + 2 < 12, losses
+    assert max(losses) == best + 2 < 24, losses
     assert load(out / "final.pt")["epoch"] == best + 2
 
 
