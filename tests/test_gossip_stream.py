@@ -7,14 +7,18 @@ cuda) the side-stream path gives the same round and keeps AD-PSGD's invariants.
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 import synthetic  # bench/synthetic.py (conftest puts bench/ on the path)
 import torch
+import torch.distributed as dist
 from conftest import TEST_DEVICE
 
+from asrtrain import AsrtrainError
 from asrtrain.distributed.comm import add_flat_, flat_params
+from asrtrain.distributed.learner import build_backend
 from asrtrain.distributed.streams import NullStream, SideStream, streams_for
 from asrtrain.distributed.topology import Schedule
 
@@ -93,6 +97,32 @@ def test_nccl_gossip_on_cpu_learners_is_one_error_line(tmp_path: Path) -> None:
         assert message.startswith("AsrtrainError: trainer.gossip_backend=nccl needs learners on "
                                   "GPUs (this one is on cpu)"), message
         assert len(message.splitlines()) == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["adpsgd", "hadpsgd"])
+def test_nccl_gossip_on_cpu_fails_before_the_learner_joins(monkeypatch: pytest.MonkeyPatch,
+                                                          backend: str) -> None:
+    # Rank 1 of 2 with nobody at the rendezvous: the error comes at once, before joining (it
+    # came after, and a learner that gave up took rank 0's store away from the other, whose
+    # error was then a store timeout: stop 38's CI). Joining would fail after timeout_s with
+    # another message (the wait is in C++, where the hang guard's signal cannot end it).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1",
+                       "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(AsrtrainError, match=r"^trainer.gossip_backend=nccl needs learners on "
+                                                r"GPUs \(this one is on cpu\)"):
+            build_backend({"backend": backend, "gossip_backend": "nccl", "cpu": True,
+                           "timeout_s": 20})
+    finally:
+        torch.set_num_threads(threads)
+    assert not dist.is_initialized()
 
 
 def test_cpu_parameters_get_the_null_stream_without_touching_cuda() -> None:

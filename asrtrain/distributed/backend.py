@@ -219,6 +219,12 @@ class DistributedBackend(Backend):
         self.create_groups()
 
     # -- hooks -----------------------------------------------------------------------------------
+    @classmethod
+    def check(cls, cfg: DistributedConfig, device: torch.device) -> None:  # noqa: B027
+        """Raise the :class:`AsrtrainError` of a setting that cannot run on ``device``. Called
+        on every learner before it joins the process group, so that each says so and none waits
+        for (or holds the store of) another that gave up."""
+
     def create_groups(self) -> None:  # noqa: B027 - the default group is enough by default
         """Create this backend's process groups (:meth:`Comm.new_group`). Called at construction,
         on every rank, before any collective: every rank creates every group in the same order

@@ -51,6 +51,8 @@ def build_backend(trainer_cfg: DistributedConfig | Mapping | None) -> Backend:
     torch.set_num_threads(cpu_threads(cfg.threads))
     if world <= 1:
         return SingleProcessBackend(0, 1, 0, device)
+    if check := getattr(cls, "check", None):  # DistributedBackend's; a user's class may lack it
+        check(cfg, device)
     if not dist.is_initialized():
         try:
             dist.init_process_group(group_backend(device), init_method="env://", rank=rank,

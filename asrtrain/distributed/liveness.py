@@ -97,7 +97,12 @@ class Liveness:
                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
 
     def start(self) -> None:
-        store = self._client(30.0)
+        try:
+            store = self._client(30.0)
+        except Exception as e:  # noqa: BLE001 - its host (the launcher or rank 0) is gone
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise AsrtrainError(f"rank {self.rank}: cannot reach the learners' store at "
+                                f"{self._host}:{self._port}: {why}") from e
         key = f"{self.prefix}/hb/{self.rank}"
         store.set(f"{self.prefix}/pid/{self.rank}",
                   f"{socket.gethostname()} {os.getpid()} {self.node}")

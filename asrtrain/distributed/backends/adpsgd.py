@@ -14,6 +14,8 @@ that ride along every exchange.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from asrtrain import AsrtrainError
 from asrtrain.distributed.backend import DistributedBackend
 from asrtrain.distributed.claims import EpochClaims, default_store
@@ -29,6 +31,11 @@ from asrtrain.distributed.registry import SimShape, register_backend
 from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
 
+if TYPE_CHECKING:
+    import torch
+
+    from asrtrain.distributed.config import DistributedConfig
+
 
 @register_backend("adpsgd")
 class ADPSGDBackend(DistributedBackend):
@@ -38,6 +45,10 @@ class ADPSGDBackend(DistributedBackend):
     sim_shape = SimShape(sync="learner", gossip=True)
     gossip: Gossip | None = None
     last_drain: DrainFigures | None = None
+
+    @classmethod
+    def check(cls, cfg: DistributedConfig, device: torch.device) -> None:
+        gossip_group_backend(cfg.gossip_backend, device)
 
     def create_groups(self) -> None:
         self.wire = gossip_group_backend(self.cfg.gossip_backend, self.device)

@@ -15,6 +15,8 @@ stay bit-identical. One node is plain SSGD; one learner per node is plain AD-PSG
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 
@@ -35,6 +37,9 @@ from asrtrain.distributed.registry import SimShape, register_backend
 from asrtrain.distributed.streams import streams_for
 from asrtrain.distributed.topology import Schedule, describe
 
+if TYPE_CHECKING:
+    from asrtrain.distributed.config import DistributedConfig
+
 
 @register_backend("hadpsgd")
 class HADPSGDBackend(DistributedBackend):
@@ -45,6 +50,10 @@ class HADPSGDBackend(DistributedBackend):
     gossip: Gossip | None = None
     last_drain: DrainFigures | None = None
     reduce: GradientAllreduce | None = None
+
+    @classmethod
+    def check(cls, cfg: DistributedConfig, device: torch.device) -> None:
+        gossip_group_backend(cfg.gossip_backend, device)
 
     def create_groups(self) -> None:
         per_node = self.cfg.per_node or self.comm.local_world_size
