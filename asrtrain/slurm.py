@@ -15,7 +15,8 @@ of its jobs starts.  The parent polls the queue every ``slurm.poll_s`` seconds: 
 back in the order of the arguments, each as soon as it and those before it are done
 (:func:`iter_slurm_jobs`; a result that comes early waits in its file, so the caller holds one
 at a time); the first job that fails cancels the others and raises an error naming the job (its
-argument's index), its array task's SLURM id, the task's logs and the end of its traceback;
+argument's index), its array task's SLURM id, the task's logs and the end of its traceback (which
+the task writes to ``<task id>_job<k>_failed.txt`` before it stops);
 Ctrl-C cancels them all (``scancel``).  A task's state comes from submitit's watcher (``sacct``)
 and from ``squeue``, so clusters without accounting work too.  When every unfinished task has
 stayed PENDING, none running, for ``slurm.pending_timeout_s`` (a task the cluster can never
@@ -33,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,25 +107,27 @@ def result_file(folder: Path | str, task_id: str, i: int) -> Path:
     return Path(folder) / f"{task_id}_job{i + 1}_result.pkl"
 
 
+def failure_file(folder: Path | str, task_id: str, i: int) -> Path:
+    """Where array task ``task_id`` writes the traceback of argument ``i``'s job when it fails."""
+    return Path(folder) / f"{task_id}_job{i + 1}_failed.txt"
+
+
 class JobFailed(Exception):
-    """Raised by an array task, from the exception of one of its jobs (its cause), to say which
-    job failed; the parent reads the index back from the task's traceback text."""
+    """Raised by an array task, from the exception of one of its jobs (its cause), after it
+    wrote the job's traceback to the job's :func:`failure_file`, where the parent reads it."""
 
     def __init__(self, i: int, n: int) -> None:
-        super().__init__(f"{_FAILED_MARK}{i + 1} of {n} (the exception above)")
+        super().__init__(f"this array task stopped at its failed job: job {i + 1} of {n}")
         self.i = i
-
-
-_FAILED_MARK = "this array task stopped at its failed job: job "
-_CAUSE = "\nThe above exception was the direct cause of the following exception:\n"
 
 
 class ArrayTask:
     """One array task's work: ``fn`` called on each of its ``(index, argument)`` pairs in turn,
     each result written to its own file (:func:`result_file`, in the task's submitit folder)
     under a temporary name, then renamed, so that the parent never reads a half-written result
-    and holds one at a time.  A job that raises ends the task with :class:`JobFailed`, caused by
-    the job's exception: submitit records the traceback and SLURM the task as FAILED."""
+    and holds one at a time.  A job that raises has its traceback written to its
+    :func:`failure_file` (the same way) and ends the task with :class:`JobFailed`, caused by the
+    job's exception: submitit records the whole traceback and SLURM the task as FAILED."""
 
     def __init__(self, fn: Callable[[Any], Any], n: int, desc: str) -> None:
         self.fn, self.n, self.desc = fn, n, desc
@@ -143,6 +147,10 @@ class ArrayTask:
                 cloudpickle_dump(self.fn(arg), tmp)
             except Exception as e:
                 tmp.unlink(missing_ok=True)   # a result that could not be pickled
+                failed = failure_file(env.paths.folder, env.job_id, i)
+                failed_tmp = failed.with_name(failed.name + ".tmp")
+                failed_tmp.write_text(traceback.format_exc())
+                os.replace(failed_tmp, failed)
                 raise JobFailed(i, self.n) from e
             os.replace(tmp, path)
         return len(items)
@@ -211,6 +219,17 @@ def _collect(submitted: list, groups: list[list[int]], desc: str, poll_s: float,
     def first_pending(t: int) -> int:
         return min((i for i in groups[t] if i in pending), default=groups[t][-1])
 
+    def failed_job(t: int, task_traceback: str) -> tuple[int, str]:
+        """The job of failed task ``t`` that failed, and its own traceback (its failure file);
+        the task's first unfinished job and the task's traceback when it failed outside its
+        jobs (its start, say)."""
+        folder, task_id = submitted[t].paths.folder, submitted[t].job_id
+        for i in groups[t]:
+            path = failure_file(folder, task_id, i)
+            if path.exists():
+                return i, path.read_text(errors="replace")
+        return first_pending(t), task_traceback
+
     with tqdm(total=n, desc=desc, unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         while nxt < n:
             before = len(pending)
@@ -232,7 +251,7 @@ def _collect(submitted: list, groups: list[list[int]], desc: str, poll_s: float,
                 if path.exists():
                     outcome, v = _load(pickle_load, path)
                     if outcome != "success":
-                        i, tb = _failed_job(str(v), first_pending(t))
+                        i, tb = failed_job(t, str(v))
                         raise AsrtrainError(_failure(desc, i, n, submitted[t], groups[t],
                                                      "failed", tb))
             states = _queue_states(submitted[0].job_id.split("_")[0])
@@ -265,16 +284,6 @@ def _collect(submitted: list, groups: list[list[int]], desc: str, poll_s: float,
                         f"ended without a result (SLURM state {state}: killed, out of memory "
                         f"or time, or the node failed)", _tail(submitted[t].paths.stderr)))
             time.sleep(poll_s)
-
-
-def _failed_job(tb: str, default: int) -> tuple[int, str]:
-    """The failed job's index and its own traceback, from a task's traceback text (the job's
-    exception, then :class:`JobFailed`); ``default`` and the whole text when the task failed
-    outside its jobs (its pickle could not be read, say)."""
-    head, sep, tail = tb.rpartition(_CAUSE)
-    m = re.search(re.escape(_FAILED_MARK) + r"(\d+) of \d+ \(the exception above\)\s*$",
-                  tail) if sep else None
-    return (int(m.group(1)) - 1, head) if m else (default, tb)
 
 
 def _load(pickle_load: Callable, path: Path) -> tuple[str, Any]:

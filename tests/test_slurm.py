@@ -152,6 +152,9 @@ def test_a_failing_slurm_job_is_named_with_its_logs(slurm_cluster, importable_te
     assert len(logs) == 2 and all(p.is_file() for p in logs), message
     err_log = logs[1].read_text()
     assert "three is not allowed" in err_log
+    # the job's traceback, beside the task's logs, is where the message's came from
+    failed = list(logs[0].parent.glob("*_job4_failed.txt"))
+    assert len(failed) == 1 and "three is not allowed" in failed[0].read_text(), failed
     assert err_log.index("counting: job 2 of 5") < err_log.index("counting: job 4 of 5") \
         < err_log.index("three is not allowed")
 
