@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError, Interrupted, interrupt_signal
 from asrtrain.fileio import describe_os_error, remove_temporaries, write_text
-from asrtrain.jobs import set_threads
+from asrtrain.jobs import JobConfig, job_log_dir, set_threads
 from asrtrain.recipe import Paths
 from asrtrain.records import read_marker
 
@@ -104,6 +104,12 @@ class StageContext:
         if self.on_start is not None:
             on_start, self.on_start = self.on_start, None
             on_start(keep_record)
+
+    def jobs(self) -> JobConfig:
+        """How this stage's jobs run (Kaldi's ``$cmd`` and ``--nj``): the recipe's ``nj``,
+        ``cmd``, ``threads`` and ``slurm`` (launch settings: top-level keys, outside the stages'
+        digests, as the results do not depend on them); job logs under the exp dir's ``log/``."""
+        return JobConfig.from_config(self.cfg, log_dir=job_log_dir(self.paths.exp))
 
     def step_key(self, *parts: Any) -> str:
         """Key of an inner step: the stage's resume key and whatever identifies the step."""

@@ -108,6 +108,10 @@ def datadir(tmp_path: Path) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     if TEST_DEVICE not in ("cpu", "cuda"):
         raise pytest.UsageError(f"ASRTRAIN_TEST_DEVICE={TEST_DEVICE!r}: use cpu or cuda")
+    # pytest-xdist hands out whole files with the most tests first unless told not to, which
+    # left the longest single-test files for last: the order of SLOW_FIRST below is the one kept
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers", "cuda: needs a GPU; runs only with ASRTRAIN_TEST_DEVICE=cuda (pytest -m cuda)")
 
@@ -119,13 +123,20 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
-#: The test files that take longest (seconds each in one process on 2 cores, at load ~2: a
-#: ``--junitxml`` run at 22e73d0), run first: ``make test`` hands whole files to its pytest-xdist
-#: workers in collection order (``--dist loadfile``), so a long file started last would keep one
-#: worker busy while the others have finished. A file not listed keeps its place after them.
-SLOW_FIRST = ("test_slurm", "test_multinode", "test_faults", "test_e2e", "test_simulate",
-              "test_align_sat_stage", "test_bench_scale", "test_transcribe", "test_bench_science",
-              "test_bad_input", "test_pass_subsets", "test_train_guards", "test_align_reproducible")
+#: The test files that take longest, run first, in this order (``make test`` hands whole files to
+#: its 2 pytest-xdist workers in collection order, ``--dist loadfile``, each worker holding its
+#: current file and the next): a long file started last would keep one worker busy while the
+#: other has finished, and two files that need the same session experiment at once would leave
+#: one worker waiting while the other builds it. So the first two build the two big ones side by
+#: side (tiny_shipped for test_align_sat_stage, tiny_tri1 for test_multinode), the next two need
+#: neither build, and the files after them find both built. Seconds each from a fresh clone's
+#: ``--durations=0`` (ci18, at 710c7b4, on 2 idle cores): 146, 195, 138, 117, 88, 100, 57, 61,
+#: 68, 62, 59, 53, 46, 40, 29, 27, 26. A file not listed keeps its place after them.
+SLOW_FIRST = ("test_align_sat_stage", "test_multinode", "test_bench_scale", "test_faults",
+              "test_e2e", "test_bench_science", "test_align_reproducible", "test_slurm",
+              "test_simulate", "test_straggler", "test_align_adapt", "test_ivectors_stage",
+              "test_report", "test_console", "test_pass_subsets", "test_transcribe",
+              "test_train_guards")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,6 +6,7 @@ same bytes either way while changing ``cmd`` reruns nothing."""
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import re
 import shutil
@@ -348,3 +349,40 @@ def test_align_stage_on_slurm_makes_the_same_alignments(slurm_cluster, tiny_tri1
     assert {"final.mdl", "tree.txt", "ali.ark"} <= {p.name for p in (slurm / "align").rglob("*")}
     assert _same_tree(local, slurm, "align", skip=("log", ".done", "log.txt", "passes.json")) \
         == []
+
+
+@pytest.mark.timeout(1800)
+def test_decode_gmm_searches_on_slurm_decode_as_locally(slurm_cluster, tiny_tri1, tmp_path):
+    """decode_gmm's searches go through the job runner (Kaldi's decode.sh with its ``$cmd``):
+    mono and tri1 of a copy of the session's tiny_tri1 decoded here, then the same decodes
+    redone on SLURM from a copy of that run less its decodes (the graphs kept: the stage resumes
+    as a run killed after them would, and mkgraph runs where the stage runs), give the same
+    hypotheses and scores."""
+    stages = "stages=[prepare,lang,features,lm,mfcc,align,decode_gmm]"
+    args = ["run", "recipes/tiny", "nj=2", stages, *align_small(), "align.decode=true"]
+    local, slurm = tmp_path / "local", tmp_path / "slurm"
+    shutil.copytree(tiny_tri1, local, symlinks=True)
+    out = asrtrain(*args, f"exp_dir={local}")
+    assert re.findall(r"stage (\w+) +starts:", out.stderr) == ["decode_gmm"], out.stderr[-3000:]
+    assert not (local / "log" / "slurm").exists()
+    shutil.copytree(local, slurm, symlinks=True, ignore=shutil.ignore_patterns("decode"))
+    for marker in [slurm / ".done" / "decode_gmm", *(slurm / "align").glob("*/.decoded")]:
+        marker.unlink()
+    out = asrtrain(*args, f"exp_dir={slurm}", *SLURM)
+    assert re.findall(r"stage (\w+) +starts:", out.stderr) == ["decode_gmm"], out.stderr[-3000:]
+    assert "submitted to SLURM" in out.stderr, out.stderr[-3000:]
+    # one array a search, named for its pass and set; the graphs were not made again
+    searched = {re.sub(r"-\d+-jobs$", "", p.parent.name)
+                for p in (slurm / "log" / "slurm").rglob("*_log.out")}
+    assert searched == {"decode-mono-eval2000", "decode-tri1-eval2000"}, searched
+    for name in ("mono", "tri1"):
+        assert f"decode_gmm {name} graph: done already" in out.stderr, out.stderr[-3000:]
+    for name in ("mono", "tri1"):
+        assert (slurm / "decode" / name / "eval2000" / "score" / "result.json").is_file(), name
+    # the hypotheses, the ctm and every score file; not the timings (decode.json) nor when each
+    # result was recorded (result.json: the same counts, below)
+    assert _same_tree(local, slurm, "decode", skip=("decode.json", "result.json")) == []
+    for name in ("mono", "tri1"):
+        recorded = [json.loads((exp / "decode" / name / "eval2000" / "score" / "result.json")
+                               .read_text()) for exp in (local, slurm)]
+        assert [r["wer"] for r in recorded] == [recorded[0]["wer"]] * 2, recorded

@@ -91,12 +91,16 @@ def decode_fmllr(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path
     model = AcousticModel.load(model_dir)
     unadapted, skipped = load_data(data_dir, lang, si_model)
     scale = c.acoustic_scales[0]
-    first = search_utts(si_ref, si_model, graph, unadapted, c, nj, audio_per_job, scale)
+    desc = f"decode {model_dir.name} {out_dir.name}"
+    first = search_utts(si_ref, si_model, graph, unadapted, c, nj, audio_per_job, scale,
+                        f"{desc} pass 1")
     first_pass = _score_pass(si_model, lang, unadapted, first, data_dir, c)
     trans, passes = two_pass_transforms(model_dir, model, si_model, graph, lang, unadapted,
-                                        first, c, nj, fmllr, audio_per_job, where=str(data_dir))
+                                        first, c, nj, fmllr, audio_per_job, where=str(data_dir),
+                                        desc=f"{desc} pass 2")
     final = _adapted(unadapted, trans, data_dir)
-    found = search_utts(ModelRef(model_dir), model, graph, final, c, nj, audio_per_job)
+    found = search_utts(ModelRef(model_dir), model, graph, final, c, nj, audio_per_job,
+                        desc=f"{desc} pass 3")
     seconds = first.seconds + passes.seconds + found.seconds
     found = Search(found.words, {}, seconds,
                    first.cpu_seconds + passes.cpu_seconds + found.cpu_seconds, found.jobs)
@@ -111,17 +115,17 @@ def two_pass_transforms(model_dir: Path, model: AcousticModel, si_model: Acousti
                         graph: Graph, lang: Lang, unadapted: list[Utterance], first: Search,
                         c: GmmDecodeConfig, nj: int | JobConfig, fmllr: Mapping | None,
                         audio_per_job: float = AUDIO_PER_JOB_S, where: str = "",
-                        ) -> tuple[dict[str, np.ndarray], Search]:
+                        desc: str = "search") -> tuple[dict[str, np.ndarray], Search]:
     """Transforms from the first pass's paths, then the second pass (``final.mdl``, adapted
-    features, the adaptation scale only) and a re-estimate from its paths composed with them;
-    returns the composed transforms and the second pass."""
+    features, the adaptation scale only; its jobs named ``desc``) and a re-estimate from its
+    paths composed with them; returns the composed transforms and the second pass."""
     opts = _options(fmllr)
     pre = path_transforms(model, lang, unadapted, first.paths, opts, "first pass",
                           posterior_model=si_model)
     adapted = _adapted(unadapted, pre, where)
     one = replace(c, acoustic_scales=c.acoustic_scales[:1])
     second = search_utts(ModelRef(model_dir), model, graph, adapted, one, nj, audio_per_job,
-                         one.acoustic_scales[0])
+                         one.acoustic_scales[0], desc)
     delta = path_transforms(model, lang, adapted, second.paths, opts, "second pass")
     return compose_transforms(delta, pre), second
 
@@ -140,7 +144,8 @@ def undecoded_transforms(model_dir: Path, graph_dir: Path, data_dir: Path, lang_
     si_ref = ModelRef(model_dir, speaker_independent=True)
     si_model, graph, lang = open_decoding(si_ref, graph_dir)
     unadapted, _ = load_data(data_dir, lang, si_model)
-    first = search_utts(si_ref, si_model, graph, unadapted, c, nj, path_scale=c.acoustic_scales[0])
+    first = search_utts(si_ref, si_model, graph, unadapted, c, nj, path_scale=c.acoustic_scales[0],
+                        desc=f"first pass {model_dir.name} {Path(data_dir).name}")
     return path_transforms(AcousticModel.load(model_dir), lang, unadapted, first.paths,
                            _options(fmllr), "first pass", posterior_model=si_model)
 

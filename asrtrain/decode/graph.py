@@ -230,7 +230,8 @@ def decode_gmm(model_dir: Path, graph_dir: Path, data_dir: Path, out_dir: Path,
     model_dir, data_dir = Path(model_dir), Path(data_dir)
     model, graph, lang = open_decoding(ModelRef(model_dir), graph_dir)
     utts, skipped = load_data(data_dir, lang, model)
-    found = search_utts(ModelRef(model_dir), model, graph, utts, c, nj, audio_per_job)
+    found = search_utts(ModelRef(model_dir), model, graph, utts, c, nj, audio_per_job,
+                        desc=f"decode {model_dir.name} {Path(out_dir).name}")
     return write_decode(model, lang, utts, skipped, found, data_dir, out_dir, c)
 
 
@@ -276,14 +277,15 @@ class Search:
 def search_utts(ref: ModelRef, model: AcousticModel, graph: Graph, utts: list[Utterance],
                 c: GmmDecodeConfig, nj: int | JobConfig = 1,
                 audio_per_job: float = AUDIO_PER_JOB_S, path_scale: float | None = None,
-                ) -> Search:
+                desc: str = "search") -> Search:
     """``search_gmm`` over ``utts`` (features already as the model reads them) in up to ``nj``
-    jobs (a number, or a stage's ``JobConfig``: where they run too); with ``path_scale``, the
-    best paths at that scale too (for fMLLR estimation)."""
+    jobs (a number, or a stage's ``JobConfig``: where they run too; ``desc`` names them, as in
+    their logs' folder); with ``path_scale``, the best paths at that scale too (for fMLLR
+    estimation)."""
     t0 = time.time()
     jobs = as_job_config(nj)
     shares = job_shares(utts, jobs.nj, sum(len(u.feats) for u in utts) * 0.01, audio_per_job)
-    words, paths, cpu = _search_in_jobs(model, ref, graph, shares, c, path_scale, jobs)
+    words, paths, cpu = _search_in_jobs(model, ref, graph, shares, c, path_scale, jobs, desc)
     return Search(words, paths, time.time() - t0, cpu, len(shares))
 
 
@@ -327,7 +329,7 @@ def write_decode(model: AcousticModel, lang: Lang, utts: list[Utterance],
 
 def _search_in_jobs(model: AcousticModel, ref: ModelRef, graph: Graph,
                     shares: list[list[Utterance]], c: GmmDecodeConfig, path_scale: float | None,
-                    jobs: JobConfig,
+                    jobs: JobConfig, desc: str,
                     ) -> tuple[dict[float, dict[str, list[str]]], dict[str, np.ndarray], float]:
     """``search_gmm`` over each share (here when there is one and ``cmd`` is local, else one
     job per share, which loads the model and the graph itself); the words, the paths and the
@@ -337,7 +339,7 @@ def _search_in_jobs(model: AcousticModel, ref: ModelRef, graph: Graph,
         words, paths = search_gmm(model, graph, shares[0], c, path_scale)
         return words, paths, time.process_time() - cpu0
     results = run_jobs(_search_job, [(ref, graph.dir, share, c, path_scale) for share in shares],
-                       jobs, f"search ({len(shares)} jobs)")
+                       jobs, f"{desc} ({len(shares)} jobs)")
     words = {s: {u: w for (h, _), _ in results for u, w in h[s].items()}
              for s in c.acoustic_scales}
     paths = {u: p for (_, ps), _ in results for u, p in ps.items()}

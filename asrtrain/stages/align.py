@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -35,9 +34,6 @@ from asrtrain.fileio import write_text
 from asrtrain.pipeline import Stage, StageContext, select
 from asrtrain.recipe import Paths
 from asrtrain.sections import sets_settings
-
-if TYPE_CHECKING:
-    from asrtrain.jobs import JobConfig
 
 log = logging.getLogger("asrtrain")
 
@@ -112,14 +108,6 @@ def pass_alignments(cfg: DictConfig, paths: Paths, name: str) -> Path | None:
     return paths.align_pass(f"{src}_ali_{data.name.removesuffix('_mfcc')}")
 
 
-def _jobs(ctx: StageContext) -> JobConfig:
-    """How the passes' jobs run: the recipe's ``nj``, ``cmd``, ``threads``, ``slurm`` (launch
-    settings: top-level keys, outside the stage's digest, as the results do not depend on them)."""
-    from asrtrain.jobs import JobConfig, job_log_dir
-
-    return JobConfig.from_config(ctx.cfg, log_dir=job_log_dir(ctx.paths.exp))
-
-
 def _train_pass(ctx: StageContext, name: str, opts: dict) -> None:
     from asrtrain import align
 
@@ -129,12 +117,12 @@ def _train_pass(ctx: StageContext, name: str, opts: dict) -> None:
     gmm.setdefault("nj", int(cfg.get("nj", 1)))   # same alignments whatever nj: not in the key
     data = pass_data(cfg, paths, name)
     if opts.get("from") is None:
-        summary = align.train_mono(data, paths.lang, out, gmm, jobs=_jobs(ctx))
+        summary = align.train_mono(data, paths.lang, out, gmm, jobs=ctx.jobs())
     else:
         train = {"deltas": align.train_tri, "lda_mllt": align.train_lda_mllt,
                  "sat": align.train_sat}[pass_type(opts)]
         summary = train(data, paths.lang, pass_alignments(cfg, paths, name), out, gmm,
-                        jobs=_jobs(ctx))
+                        jobs=ctx.jobs())
     log.info("align %s: %d pdfs, %d Gaussians, %d utterances (%d failed), log-likelihood %.2f "
              "per frame; every iteration in %s", name, summary["num_pdfs"], summary["num_gauss"],
              summary["utterances"], summary["failed"], summary["final_loglike_per_frame"],
@@ -155,7 +143,7 @@ def _align_with(ctx: StageContext, model: str, data: Path, out: Path, where: dic
     cfg, paths = ctx.cfg, ctx.paths
     aligner = align_fmllr if pass_type(align_settings(cfg).passes[model]) == "sat" \
         else align_data
-    aligner(data, paths.lang, paths.align_pass(model), out, where, jobs=_jobs(ctx))
+    aligner(data, paths.lang, paths.align_pass(model), out, where, jobs=ctx.jobs())
 
 
 def run(ctx: StageContext) -> None:

@@ -146,11 +146,11 @@ def _decode_set(ctx: StageContext, name: str, set_name: str, options: dict,
     log.info("decode_gmm %s %s: %s", name, set_name, describe_scoring(data))
     opts = align_settings(ctx.cfg).passes[name]
     if pass_type(opts) == "sat":
-        summary = decode_fmllr(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj),
+        summary = decode_fmllr(out, out / "graph", data, dec, options, nj=ctx.jobs(),
                                fmllr=fmllr_options(opts))
         _log_first_pass(name, set_name, summary)
     else:
-        summary = decode_gmm(out, out / "graph", data, dec, options, nj=int(ctx.cfg.nj))
+        summary = decode_gmm(out, out / "graph", data, dec, options, nj=ctx.jobs())
     if tuned_on:
         note_tuned_on(dec, tuned_on)
     if summary["counts"]:

@@ -67,7 +67,6 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     from asrtrain.decode import HybridDecodeConfig, note_tuned_on
     from asrtrain.decode.hybrid import decode_hybrid
     from asrtrain.features.reader import appended_streams, stream_dirs
-    from asrtrain.jobs import JobConfig, job_log_dir
     from asrtrain.report import chosen_on, record_result
     from asrtrain.score import describe_scoring, report_wer
 
@@ -77,7 +76,7 @@ def _decode_set(ctx: StageContext, hcfg: DictConfig, graph: Path, name: str, opt
     log.info("decode_hybrid %s %s: %s", system, name, describe_scoring(data))
     streams = stream_dirs(paths, name, appended_streams(hcfg.features))
     summary = decode_hybrid(model[0], graph, data, dec, options,
-                            nj=JobConfig.from_config(ctx.cfg, log_dir=job_log_dir(paths.exp)),
+                            nj=ctx.jobs(),
                             streams=streams, checkpoint=model[1])
     if tuned_on:
         note_tuned_on(dec, tuned_on)

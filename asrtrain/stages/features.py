@@ -52,13 +52,12 @@ def shared_mfcc(ctx: StageContext):
 
 def run(ctx: StageContext) -> None:
     from asrtrain.features import compute_features
-    from asrtrain.jobs import JobConfig, job_log_dir
 
     cfg, paths = ctx.cfg, ctx.paths
     mfcc = shared_mfcc(ctx)
     compute_features([paths.data_set(name) for name in data_sets(cfg)], paths.feats,
                      feature_options(cfg, "features"),
-                     nj=JobConfig.from_config(cfg, log_dir=job_log_dir(paths.exp)),
+                     nj=ctx.jobs(),
                      extra=[(mfcc, MFCC_SUFFIX)] if mfcc else [])
 
 

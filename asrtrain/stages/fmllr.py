@@ -89,7 +89,7 @@ def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | 
     else:   # no decoding: the first pass and the estimation only, to get the transforms
         trans = undecoded_transforms(model_dir, model_dir / "graph", data, paths.lang,
                                      paths.lm, fmllr_options(align.passes[last]),
-                                     nj=int(cfg.nj))
+                                     nj=ctx.jobs())
     write_fmllr_set(model_dir, data, out, trans)
 
 

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asrtrain import AsrtrainError
 from asrtrain.fileio import write_text
-from asrtrain.jobs import JobConfig, job_log_dir, set_threads
+from asrtrain.jobs import JobConfig, set_threads
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
 from asrtrain.sections import sets_settings
@@ -130,7 +130,7 @@ def run(ctx: StageContext) -> None:
     if ctx.cfg.ivector.source == "kaldi":
         _import_kaldi(ctx)
         return
-    jobs = JobConfig.from_config(ctx.cfg, log_dir=job_log_dir(ctx.paths.exp))
+    jobs = ctx.jobs()
     with _threads(jobs.threads):
         _train_and_extract(ctx, jobs)
 

@@ -22,7 +22,6 @@ log = logging.getLogger("asrtrain")
 def run(ctx: StageContext) -> None:
     from asrtrain.data.datadir import DataDir
     from asrtrain.features import compute_features, finish_pass
-    from asrtrain.jobs import JobConfig, job_log_dir
 
     cfg, paths = ctx.cfg, ctx.paths
     opts = feature_options(cfg, "mfcc")
@@ -35,8 +34,7 @@ def run(ctx: StageContext) -> None:
     if todo:
         log.info("mfcc: decoding the audio of %s (no matching MFCCs from the features stage)",
                  ", ".join(d.name for d in todo))
-        compute_features(todo, paths.feats, opts,
-                         nj=JobConfig.from_config(cfg, log_dir=job_log_dir(paths.exp)))
+        compute_features(todo, paths.feats, opts, nj=ctx.jobs())
 
 
 def check(cfg: DictConfig) -> None:
