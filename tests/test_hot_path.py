@@ -241,9 +241,9 @@ def test_gossiping_learners_meet_only_at_epoch_ends(exp: Path, tmp_path: Path, b
     print(f"{backend}: {time.monotonic() - start:.1f} s; {_summary(records)}")
     for rank, rec in enumerate(records):
         hot = _hot(rec)
-        # the hot path ran: steps (claimed: a learner may take few), log points, and the gossip
-        # thread's own exchanges
-        assert any(e["name"] == "step" for e in hot), (rank, _summary(records))
+        # the hot path ran (below, over the learners: steps, log points and the gossip thread's
+        # own exchanges); steps are claimed, so a learner may take few, or none: one that came
+        # to claim late on a loaded machine found both epochs' batches taken (ci22: 0 of 32)
         for epoch in (1, 2):
             # where the learners meet: the drain and the consensus, over all learners
             end = [e for e in rec if e["phase"] == "end" and e["epoch"] == epoch]
