@@ -71,8 +71,9 @@ smoke: install system-deps
 # suite is CPU-bound (~32-36 CPU-min), so more than 2 gain little. 2 workers with the CLI
 # commands forked warm (tests/forked_cli.py): 17 min 15 s (fa2fd77); 18 min 24 s (671c369);
 # with the SLURM arrays of nj tasks and the merged fault tests 15 min 33 s (710c7b4, all
-# passed; 14 min 32 s and 14 min 51 s in two runs before it that had flaky failures). 0: one
-# process (-n 0).
+# passed; 14 min 32 s and 14 min 51 s in two runs before it that had flaky failures); 15 min
+# 12 s (42b3c4a) and, with one more SLURM test and the files in SLOW_FIRST's order, 15 min 57 s
+# (46d4cc9), both all passed. 0: one process (-n 0).
 TEST_WORKERS ?= 2
 test: install system-deps
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
