@@ -112,7 +112,9 @@ def test_zero_lr_consensus_distance_per_round_equals_real(
                   "--idle", "0.02", "--seed", "2", *extra)
     points = stats[0]["distances"]  # (step, distance, rounds) after a drain
     rounds = max(p[2] for p in points)
-    assert rounds >= 6 and points[0][2] == 0
+    # the first drain is before any round; its count, read after the release, is at most 2
+    # (ci24: 1, a round begun on a loaded machine before the count was read)
+    assert rounds >= 6 and points[0][2] <= 2
     starts = [torch.nn.utils.parameters_to_vector(
         synthetic.make_model(DIM, HIDDEN, 2 + 1000 * (r + 1)).parameters()).detach()
         for r in range(0, learners, per_node)]  # each node's leader
