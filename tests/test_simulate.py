@@ -105,16 +105,17 @@ def test_zero_lr_consensus_distance_per_round_equals_real(
     as many rounds. The harness reads learner 0's round count just after the drain is released
     (bench/synthetic.py), when its gossip thread may have started a round or two more: the
     count is an upper bound, so the match is sought at it or up to 2 rounds before (the
-    distance shrinks ~3x a round, so no other round is within the tolerance)."""
+    distance shrinks ~3x a round, so no other round is within the tolerance). The first drain
+    (step 0) is no exception: a learner that has arrived at a drain answers its partners at
+    the idle pace until all have arrived, so on a loaded machine rounds may run before it
+    (stop 38's CI: the first point was round 1's distance)."""
     stats = spawn(tmp_path, learners, "--backend", backend, "--per-node", str(per_node),
                   "--topology", scheme, "--steps", "24", "--log-every", "4", "--no-sync-init",
                   "--lr", "0", "--batch", "16", "--sleep", "0.005", "--jitter", "0.01",
                   "--idle", "0.02", "--seed", "2", *extra)
     points = stats[0]["distances"]  # (step, distance, rounds) after a drain
     rounds = max(p[2] for p in points)
-    # the first drain is before any round; its count, read after the release, is at most 2
-    # (ci24: 1, a round begun on a loaded machine before the count was read)
-    assert rounds >= 6 and points[0][2] <= 2
+    assert rounds >= 6
     starts = [torch.nn.utils.parameters_to_vector(
         synthetic.make_model(DIM, HIDDEN, 2 + 1000 * (r + 1)).parameters()).detach()
         for r in range(0, learners, per_node)]  # each node's leader
@@ -125,7 +126,6 @@ def test_zero_lr_consensus_distance_per_round_equals_real(
     first = sim.distance()
     traj = sim.run()
     by_round = {0: first, **{p["rounds"]: p["distance"] for p in traj.points}}
-    assert points[0][1] == pytest.approx(first, rel=1e-5)
     exact = 0
     for _step, distance, r in points:
         near = [q for q in range(max(0, r - 2), r + 1)
