@@ -22,6 +22,11 @@ class BarSafeHandler(logging.StreamHandler):
             self.handleError(record)
 
 
+def plural(n: int, noun: str) -> str:
+    """``n`` and the noun, in the plural unless ``n`` is 1 ("1 job", "4 jobs")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def setup_logging(verbose: bool) -> None:
     """INFO (DEBUG when ``verbose``) to stderr, time-stamped, without the records marked
     ``stage_log_only`` (:data:`asrtrain.STAGE_LOG_ONLY`: they go to the stage's log file)."""

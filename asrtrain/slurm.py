@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from asrtrain import AsrtrainError
+from asrtrain.logs import plural
 
 if TYPE_CHECKING:  # annotations only: asrtrain.jobs imports this module
     from asrtrain.jobs import JobConfig
@@ -180,11 +181,12 @@ def iter_slurm_jobs(fn: Callable[[Any], Any], args: Sequence[Any], jobs: JobConf
         submitted = executor.map_array(ArrayTask(fn, len(args), desc),
                                        [[(i, args[i]) for i in g] for g in groups])
     except Exception as e:   # submitit's FailedSubmissionError: sbatch's own message
-        raise AsrtrainError(f"{desc}: sbatch refused the array of {len(groups)} tasks for "
-                            f"{len(args)} jobs (folder {job_folder(jobs, desc)}): {e}") from e
-    log.info("%s: %d jobs submitted to SLURM as array %s of %d tasks (task j serves jobs "
-             "j+1, j+1+%d, ...; logs in %s)", desc, len(args), submitted[0].job_id.split("_")[0],
-             len(groups), len(groups), job_folder(jobs, desc))
+        raise AsrtrainError(f"{desc}: sbatch refused the array of {plural(len(groups), 'task')} "
+                            f"for {plural(len(args), 'job')} (folder {job_folder(jobs, desc)}): "
+                            f"{e}") from e
+    log.info("%s: %s submitted to SLURM as array %s of %s (task j serves jobs j+1, j+1+%d, "
+             "...; logs in %s)", desc, plural(len(args), "job"), submitted[0].job_id.split("_")[0],
+             plural(len(groups), "task"), len(groups), job_folder(jobs, desc))
     finished = False
     try:
         timeout = jobs.slurm.pending_timeout_s

@@ -56,6 +56,7 @@ from asrtrain.data.datadir import DataDir, read_table, split_data_dir
 from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.jobs import JobConfig, JobPool, iter_cluster_jobs, run_jobs
 from asrtrain.lang.lexicon import Lang
+from asrtrain.logs import plural
 from asrtrain.progress import Bar
 
 log = logging.getLogger(__name__)
@@ -374,7 +375,7 @@ def train_iters(model: AcousticModel, pj: PassJobs, cfg: GmmConfig, target_gauss
     bar.close()
     check_failures(res, pj.num_utts, cfg.max_fail_fraction, f"{plog.name} final alignment")
     plog(f"training graphs: {pj.compiled} compiled for {pj.num_utts} utterances in "
-         f"{len(pj.parts)} jobs (kept on disk per job for the pass)")
+         f"{plural(len(pj.parts), 'job')} (kept on disk per job for the pass)")
     plog.record(cfg.num_iters + 1, res, res.loglike_per_frame, res.frames, res.seconds,
                 model.gmm.num_gauss())
     return res, parts

@@ -57,6 +57,7 @@ from asrtrain.fileio import atomic_dir, write_text
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.lexicon import Lang
 from asrtrain.lang.phones import SymbolTable
+from asrtrain.logs import plural
 from asrtrain.progress import Bar
 from asrtrain.report import selection
 from asrtrain.score import counts_json
@@ -320,10 +321,11 @@ def write_decode(model: AcousticModel, lang: Lang, utts: list[Utterance],
     counts = write_decode_dir(out_dir, hyps[best], timed[best], data, data_dir, summary)
     # one setting: where it came from is the stage's to say (the config, or a dev set)
     log.info("decode %s: acoustic scale %.4f%s; WER %s; real-time factor %.4f per core, "
-             "%.4f of the wall time with %d jobs", out_dir, best,
+             "%.4f of the wall time in %s", out_dir, best,
              f", {how}" if len(hyps) > 1 else "",
              ", ".join(f"{k} {v.wer:.2f}%" for k, v in counts.items()) or "not scored",
-             summary["real_time_factor_per_core"], summary["real_time_factor"], found.jobs)
+             summary["real_time_factor_per_core"], summary["real_time_factor"],
+             plural(found.jobs, "job"))
     return {**summary, "counts": counts}
 
 
@@ -339,7 +341,7 @@ def _search_in_jobs(model: AcousticModel, ref: ModelRef, graph: Graph,
         words, paths = search_gmm(model, graph, shares[0], c, path_scale)
         return words, paths, time.process_time() - cpu0
     results = run_jobs(_search_job, [(ref, graph.dir, share, c, path_scale) for share in shares],
-                       jobs, f"{desc} ({len(shares)} jobs)")
+                       jobs, f"{desc} ({plural(len(shares), 'job')})")
     words = {s: {u: w for (h, _), _ in results for u, w in h[s].items()}
              for s in c.acoustic_scales}
     paths = {u: p for (_, ps), _ in results for u, p in ps.items()}

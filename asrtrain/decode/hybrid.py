@@ -53,6 +53,7 @@ from asrtrain.decode.graph import Graph, faster_decoder, load_graph
 from asrtrain.features.reader import FeatureReader, appended_streams, chunk_starts
 from asrtrain.jobs import JobConfig, as_job_config, run_jobs
 from asrtrain.lang.phones import PhoneSet
+from asrtrain.logs import plural
 from asrtrain.models.checkpoint import ModelCheckpoint
 from asrtrain.progress import Bar
 
@@ -121,7 +122,7 @@ def decode_hybrid(model_path: Path, graph_dir: Path, data_dir: Path, out_dir: Pa
         results = run_jobs(_decode_share,
                            [(model_path, graph_dir, graph_dir, data_dir, c, share, None, streams)
                             for share in shares],
-                           jobs, f"decode {data_dir.name} ({len(shares)} jobs)")
+                           jobs, f"decode {data_dir.name} ({plural(len(shares), 'job')})")
         hyps = {s: {u: w for h, _ in results for u, w in h[s].items()} for s in results[0][0]}
         stats = merge_stats([st for _, st in results])
     stats["wall_seconds"] = round(time.time() - t0, 2)

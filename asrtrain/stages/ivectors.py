@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from asrtrain import AsrtrainError
 from asrtrain.fileio import write_text
 from asrtrain.jobs import JobConfig, set_threads
+from asrtrain.logs import plural
 from asrtrain.pipeline import Stage, StageContext
 from asrtrain.recipe import data_sets
 from asrtrain.sections import sets_settings
@@ -216,7 +217,8 @@ def _report(what: str, info: dict) -> None:
     log_info(what, info)
     extra = f", peak RSS {info['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in info else ""
     if "frames_per_cpu_s" in info:
-        extra += f", {info['frames_per_cpu_s']} frames per CPU-second in {info['jobs']} jobs"
+        extra += (f", {info['frames_per_cpu_s']} frames per CPU-second in "
+                  f"{plural(info['jobs'], 'job')}")
     log.info("ivectors %s: %d frames in %.1f s (%d frames/s)%s", what, info["frames"],
              info["seconds"], info["frames_per_s"], extra)
 
