@@ -98,7 +98,7 @@ def cut(exp: Path, tmp_path_factory) -> Path:
         soundfile.write(out / "8k" / f"{utt}.wav",
                         audio[int(round(start * rate)):int(round(end * rate)), channel], rate,
                         subtype="PCM_16")
-        subprocess.run(["sox", out / "8k" / f"{utt}.wav", "-r", "16000",
+        subprocess.run(["sox", "-R", "-D", out / "8k" / f"{utt}.wav", "-r", "16000",
                         out / "16k" / f"{utt}.mono.wav"], check=True, timeout=60)
     utts = [s[0] for s in segments]
     for i, utt in enumerate(utts):
