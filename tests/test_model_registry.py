@@ -7,11 +7,14 @@ by importing this module, which ``model.module`` names (``tests/`` on their ``PY
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
 import re
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,29 @@ from asrtrain.settings import defaults, integer, opt
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH = "test_spliced_mlp"
+
+
+def _leave_a_thread_inside_torch() -> None:
+    """A daemon thread inside torch operations when the interpreter's exit begins, as a user's
+    module may leave one (a prefetcher): Python ends such a thread by ``pthread_exit`` when an
+    operation gives the GIL back, which C++ frames cannot unwind (SIGABRT, "terminate called
+    without an active exception"). Registered with atexit in each learner this module is
+    imported by (``model.module``, under torchrun), so it runs only if a learner that finished
+    still ends through the interpreter's finalization: asrtrain's learners end with ``os._exit``
+    once their work is on disk, and the CTC training below must succeed (it failed, the
+    learners aborted, without that)."""
+    a = torch.randn(300, 300)
+
+    def spin() -> None:
+        while True:
+            a @ a
+
+    threading.Thread(target=spin, daemon=True).start()
+    time.sleep(0.2)
+
+
+if os.environ.get("TORCHELASTIC_RUN_ID"):
+    atexit.register(_leave_a_thread_inside_torch)
 
 
 class SplicedMLP(nn.Module):
