@@ -1,0 +1,88 @@
+"""Where a test run's CPU time goes, by kind of process, from BSD process accounting.
+
+The suite is CPU-bound (Makefile, TEST_WORKERS): its time on 2 cores is its CPU seconds over
+~1.8. This groups every process that started during a run by what it is, its name and whether
+it was forked or exec'd, and its parent's: torchrun's learners (``python`` exec'd by a process
+torch renamed ``pt_elastic``, its agent), forked commands (tests/forked_cli.py, job pools), and
+so on::
+
+    apt-get install acct && accton /var/log/account/pacct     # as root, once
+    date +%T; make test; date +%T                              # the run's start and end
+    dump-acct /var/log/account/pacct > pacct.txt
+    python bench/suite_cpu.py pacct.txt 20:15:31 20:35:21 [--json out.json]
+
+The times are today's, as ``date`` prints them. Accounting records a process when it ends, with
+its CPU time in 1/100 s; ``accton off`` stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import statistics
+from pathlib import Path
+
+
+def read(path: Path, start: datetime.datetime, end: datetime.datetime) -> dict[int, dict]:
+    """The processes of ``dump-acct``'s output that started between ``start`` and ``end``."""
+    procs: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        f = [x.strip() for x in line.split("|")]
+        if len(f) < 15:
+            continue
+        began = datetime.datetime.strptime(f[14], "%a %b %d %H:%M:%S %Y")
+        if start <= began <= end:
+            procs[int(f[9])] = {"comm": f[0], "cpu_s": (float(f[2]) + float(f[3])) / 100,
+                                "ppid": int(f[10]), "forked": "F" in f[11]}
+    return procs
+
+
+def summary(procs: dict[int, dict]) -> dict:
+    def kind(p: dict) -> str:
+        return f"{p['comm']} ({'forked' if p['forked'] else 'exec'})"
+
+    groups: dict[str, list[float]] = collections.defaultdict(list)
+    for p in procs.values():
+        parent = procs.get(p["ppid"])
+        groups[f"{kind(p)} of {kind(parent) if parent else '?'}"].append(p["cpu_s"])
+    learners = [p for p in procs.values() if p["comm"] == "python" and not p["forked"]
+                and procs.get(p["ppid"], {}).get("comm") == "pt_elastic"]
+    launchers = {p["ppid"] for p in learners}
+    cpus = [p["cpu_s"] for p in learners]
+    return {
+        "processes": len(procs), "cpu_s": round(sum(p["cpu_s"] for p in procs.values()), 1),
+        "torchrun_learners": {
+            "count": len(learners), "cpu_s": round(sum(cpus), 1),
+            "median_cpu_s": statistics.median(cpus) if cpus else None,
+            "launching_processes": len(launchers),
+            "launching_cpu_s": round(sum(procs[q]["cpu_s"] for q in launchers if q in procs), 1)},
+        "by_kind": {k: {"count": len(v), "cpu_s": round(sum(v), 1)}
+                    for k, v in sorted(groups.items(), key=lambda kv: -sum(kv[1]))},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("pacct", type=Path, help="dump-acct's output")
+    p.add_argument("start", help="HH:MM:SS, today")
+    p.add_argument("end", help="HH:MM:SS, today")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args()
+    day = datetime.date.today()
+    start, end = (datetime.datetime.combine(day, datetime.time.fromisoformat(t))
+                  for t in (args.start, args.end))
+    s = summary(read(args.pacct, start, end))
+    t = s["torchrun_learners"]
+    print(f"{s['processes']} processes, {s['cpu_s']} CPU-s")
+    print(f"torchrun learners: {t['count']}, {t['cpu_s']} CPU-s (median {t['median_cpu_s']}), "
+          f"from {t['launching_processes']} processes ({t['launching_cpu_s']} CPU-s)")
+    for k, v in list(s["by_kind"].items())[:12]:
+        print(f"{v['cpu_s']:9.1f} CPU-s {v['count']:6d}  {k}")
+    if args.json:
+        args.json.write_text(json.dumps(s, indent=1))
+
+
+if __name__ == "__main__":
+    main()
