@@ -85,15 +85,15 @@ def descendants(pid: int) -> list[int]:
 def learner_pid(run_pid: int, rank: int, timeout_s: float = 300) -> int | None:
     """The pid of the learner with ``RANK=rank`` under the run ``run_pid`` (None: it ended)."""
     deadline = time.monotonic() + timeout_s
-    want = f"RANK={rank}".encode()
     while time.monotonic() < deadline:
         for pid in descendants(run_pid):
             try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                # a learner is named learner-RANK (asrtrain/distributed/warm.py)
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
-            if b"asrtrain.cli" in cmd and b"train" in cmd and want in env:
+            if comm == f"learner-{rank}" and b"asrtrain.cli train" in cmd:
                 return pid
         if not os.path.exists(f"/proc/{run_pid}"):
             return None

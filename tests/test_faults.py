@@ -72,15 +72,15 @@ def learners(exp: Path) -> dict[int, int]:
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-            env = dict(v.split(b"=", 1) for v in (d / "environ").read_bytes().split(b"\0")
-                       if b"=" in v)
+            # learner-RANK, with the command torchrun would have run (asrtrain/distributed/warm.py)
+            comm = (d / "comm").read_text().strip()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
             state = (d / "stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        if (b"train" in cmd and str(exp).encode() in b" ".join(cmd) and b"RANK" in env
-                and state != "Z"):
-            found[int(env[b"RANK"])] = int(d.name)
+        if (comm.startswith("learner-") and b"asrtrain.cli train" in cmd
+                and str(exp).encode() in cmd and state != "Z"):
+            found[int(comm.removeprefix("learner-"))] = int(d.name)
     return found
 
 

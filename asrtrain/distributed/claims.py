@@ -19,6 +19,8 @@ consecutive units at once and posts the first under a key of the node's, member 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -42,10 +44,15 @@ class EpochClaims:
         epoch: the epoch (its own counter).
         members, member, node: a lockstep node's size, this learner's index in it and the
             node's number (one-learner nodes: 1, 0, its rank).
+        guard: runs each store call, ``guard(what, call)``, and turns its failure into an
+            error that names the learner or node at fault (the backends pass
+            :meth:`asrtrain.distributed.comm.Comm.guarded`: a store that went away with node
+            0's launcher is "node 0 is lost", not "Connection reset by peer").
     """
 
     def __init__(self, store: dist.Store, epoch: int, members: int = 1, member: int = 0,
-                 node: int = 0) -> None:
+                 node: int = 0, guard: Callable[[str, Callable[[], Any]], Any] | None = None
+                 ) -> None:
         if not 0 <= member < members:
             raise AsrtrainError(f"epoch claims: member {member} of a node of {members}")
         self.store = store
@@ -55,19 +62,23 @@ class EpochClaims:
         self.members, self.member, self.node = members, member, node
         self.claims = 0       # claims made (a node's sequence number)
         self.units = 0        # units this learner took
+        self.guard = guard or (lambda what, call: call())
 
     def __call__(self, total: int) -> int | None:
-        if self.members == 1:
-            first = self.store.add(self.key, 1) - 1
-        else:
-            posted = f"{self.key}/node{self.node}/{self.claims}"
-            if self.member == 0:
-                first = self.store.add(self.key, self.members) - self.members
-                self.store.set(posted, str(first))
-            else:
-                first = int(self.store.get(posted))
+        first = self.guard("the claim of the epoch's next unit", self._claim)
         self.claims += 1
         if first + self.members > total:
             return None
         self.units += 1
         return first + self.member
+
+    def _claim(self) -> int:
+        """The first unit of this claim (a node's: its leader's claim of ``members`` units)."""
+        if self.members == 1:
+            return self.store.add(self.key, 1) - 1
+        posted = f"{self.key}/node{self.node}/{self.claims}"
+        if self.member == 0:
+            first = self.store.add(self.key, self.members) - self.members
+            self.store.set(posted, str(first))
+            return first
+        return int(self.store.get(posted))

@@ -79,6 +79,8 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import parse_args, run
 
+    from asrtrain.distributed.warm import warm_handlers
+
     args = parse_args(torchrun_args(argv, learners, nnodes, node_rank, rdzv_endpoint, module,
                                     module_args, max_restarts, run_id, rdzv_timeout_s))
     # Each learner also calls torch.set_num_threads (build_backend); this covers what runs first.
@@ -90,7 +92,8 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
     # says what matters in one line.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        run(args)
+        with warm_handlers():
+            run(args)
     except ChildFailedError as e:
         raise AsrtrainError(failure_message(e)) from e
     except (DistError, RendezvousError) as e:  # the agents' own rendezvous (no learner ran)

@@ -84,7 +84,7 @@ class ADPSGDBackend(DistributedBackend):
         return self.start_samples + self._gossip().global_samples()
 
     def claims(self, epoch: int) -> EpochClaims:
-        return EpochClaims(default_store(), epoch)
+        return EpochClaims(default_store(), epoch, guard=self.comm.guarded)
 
     def gossip_exchanges(self) -> int | None:
         """Pairwise exchanges this learner's gossip finished (None: it does not gossip); read

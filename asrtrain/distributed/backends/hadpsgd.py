@@ -156,7 +156,7 @@ class HADPSGDBackend(DistributedBackend):
         if self.nodes == 1:
             return None
         return EpochClaims(default_store(), epoch, self.per_node, self.rank - self.leader,
-                           self.node)
+                           self.node, guard=self.comm.guarded)
 
     def drain(self) -> None:
         """Finish in-flight gossip everywhere (:func:`drain_gossip`) and share it in nodes."""

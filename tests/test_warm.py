@@ -1,0 +1,99 @@
+"""Warm learner starts (asrtrain/distributed/warm.py): torchrun's learners forked from a fork
+server that imported torch, with what torchrun would give a new process.
+
+The launcher here is a process of its own (``python -c "launch(...)"``), and its learners run
+``tests/warm_probe.py``: each writes what it sees (was torch imported before it ran, its
+parent, session, working folder, environment, arguments) and prints a line to stdout and one to
+stderr, which must reach the launcher's own output. Rank 1 of the second run prints a line and
+kills itself with SIGKILL: the line is there only if its output is unbuffered (``-u``), and the
+launcher names it with torchrun's exit code for a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from warm_probe import OUT_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    code = ("import sys; from asrtrain import AsrtrainError; "
+            "from asrtrain.distributed.launch import launch\n"
+            "print('launcher', __import__('os').getpid(), flush=True)\n"
+            "try: launch(sys.argv[1:], 2, module='warm_probe', module_args=())\n"
+            "except AsrtrainError as e: print('error:', e, file=sys.stderr); sys.exit(1)\n")
+    env = {**os.environ, OUT_ENV: str(out), "ASRTRAIN_TEST_WARM_MARK": "from the launcher",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                        os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _seen(tmp_path: Path) -> list[dict]:
+    return [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.timeout(600)
+def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, "--flag", "value with spaces")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    launcher = int(proc.stdout.split()[1])
+    seen = _seen(tmp_path)
+    for rank, s in enumerate(seen):
+        assert s["preloaded"], s                     # forked warm, not a new interpreter
+        assert s["ppid"] != launcher                 # the fork server's child ...
+        assert s["env"]["ASRTRAIN_LAUNCHER_PID"] == str(s["ppid"])  # ... which it watches
+        assert s["comm"] == f"learner-{rank}"       # its name in top
+        # ps shows the command torchrun would have run
+        assert s["cmdline"] == (f"{sys.executable} -u -m warm_probe --flag value with spaces")
+        assert not s["parent_process"]              # a main process, as a new one is
+        assert s["sid"] == s["pid"]                  # a session of its own, as torchrun's Popen
+        assert s["cwd"] == str(tmp_path / "work")    # the launcher's working folder
+        assert s["argv"] == ["--flag", "value with spaces"]
+        assert s["sys_path_head"][0] == str(tmp_path / "work")  # as python -m puts it
+        assert s["sys_path_head"][1] == str(REPO / "tests")     # then PYTHONPATH
+        env = s["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank), "2")
+        assert env["ASRTRAIN_TEST_WARM_MARK"] == "from the launcher"  # the launcher's own
+        assert env["OMP_NUM_THREADS"] == "1"                          # what launch() adds
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith("error.json")  # torchrun's per rank
+        assert env["MASTER_PORT"] == seen[0]["env"]["MASTER_PORT"]
+        assert f"learner {rank} says hello on stdout" in proc.stdout
+        assert f"learner {rank} says hello on stderr" in proc.stderr
+    assert seen[0]["env"]["TORCHELASTIC_ERROR_FILE"] != seen[1]["env"]["TORCHELASTIC_ERROR_FILE"]
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_warm_learner_is_named_with_its_signal_and_its_last_line(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, "--die")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "learner 1 about to be killed" in proc.stdout  # unbuffered, as -u makes it
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("error:"))
+    assert "learner rank 1 failed first (exit code -9" in error, error
+
+
+def test_torchrun_still_makes_its_handlers_where_warm_replaces_the_maker() -> None:
+    """warm_handlers() swaps ``get_subprocess_handler`` in torchrun's module: a torch that
+    stopped looking it up there would start every learner cold, without a word."""
+    import inspect
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    from asrtrain.distributed.warm import warm_handlers
+
+    assert "get_subprocess_handler(" in inspect.getsource(api.SubprocessContext._start)
+    before = api.get_subprocess_handler
+    with warm_handlers():
+        assert api.get_subprocess_handler is not before
+    assert api.get_subprocess_handler is before

@@ -1,0 +1,42 @@
+"""The learner of tests/test_warm.py: what a warm-started learner sees, written for the test.
+
+A plain module (no pytest): it runs as ``python -u -m warm_probe`` under torchrun's launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+from pathlib import Path
+
+#: torch before this module's own imports: preloaded by the fork server, or not (a new process)
+PRELOADED = "torch" in sys.modules
+OUT_ENV = "ASRTRAIN_TEST_WARM_OUT"
+
+
+def _learner() -> None:
+    rank = int(os.environ["RANK"])
+    out = Path(os.environ[OUT_ENV])
+    seen = {"preloaded": PRELOADED, "pid": os.getpid(), "ppid": os.getppid(),
+            "sid": os.getsid(0), "cwd": os.getcwd(), "argv": sys.argv[1:],
+            "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                   "TORCHELASTIC_ERROR_FILE", "MASTER_PORT",
+                                                   "ASRTRAIN_LAUNCHER_PID", "OMP_NUM_THREADS",
+                                                   "ASRTRAIN_TEST_WARM_MARK")},
+            "sys_path_head": sys.path[:3], "comm": Path("/proc/self/comm").read_text().strip(),
+            "cmdline": Path("/proc/self/cmdline").read_bytes().decode().rstrip("\0"),
+            "parent_process": multiprocessing.parent_process() is not None}
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    print(f"learner {rank} says hello on stdout")
+    print(f"learner {rank} says hello on stderr", file=sys.stderr)
+    if "--die" in sys.argv and rank == 1:
+        print("learner 1 about to be killed")  # lost if stdout were buffered
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    _learner()
+    sys.exit(0)
