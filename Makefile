@@ -74,7 +74,9 @@ smoke: install system-deps
 # passed; 14 min 32 s and 14 min 51 s in two runs before it that had flaky failures); 15 min
 # 12 s (42b3c4a) and, with one more SLURM test and the files in SLOW_FIRST's order, 15 min 57 s
 # (46d4cc9), both all passed; 17 min 4 s (eac28fe, all passed). Of the suite's ~1,800-1,900
-# CPU-s about a third is its ~160 torchrun learners importing torch (bench/suite_cpu.py).
+# CPU-s about a third was its ~160 torchrun learners importing torch (bench/suite_cpu.py); with
+# the learners forked warm (asrtrain/distributed/warm.py) 16 min 10 s (4ca8168, all passed):
+# 1,676 CPU-s, the learners' part 348 (132 learners 152, their 43 fork servers 196).
 # 0: one process (-n 0).
 TEST_WORKERS ?= 2
 test: install system-deps

@@ -2,8 +2,9 @@
 
 The suite is CPU-bound (Makefile, TEST_WORKERS): its time on 2 cores is its CPU seconds over
 ~1.8. This groups every process that started during a run by what it is, its name and whether
-it was forked or exec'd, and its parent's: torchrun's learners (``python`` exec'd by a process
-torch renamed ``pt_elastic``, its agent), forked commands (tests/forked_cli.py, job pools), and
+it was forked or exec'd, and its parent's: torchrun's learners (``learner-RANK``, forked by
+the fork server of asrtrain/distributed/warm.py; or ``python`` exec'd by a process torch
+renamed ``pt_elastic``, its agent), forked commands (tests/forked_cli.py, job pools), and
 so on::
 
     apt-get install acct && accton /var/log/account/pacct     # as root, once
@@ -47,15 +48,23 @@ def summary(procs: dict[int, dict]) -> dict:
     for p in procs.values():
         parent = procs.get(p["ppid"])
         groups[f"{kind(p)} of {kind(parent) if parent else '?'}"].append(p["cpu_s"])
-    learners = [p for p in procs.values() if p["comm"] == "python" and not p["forked"]
-                and procs.get(p["ppid"], {}).get("comm") == "pt_elastic"]
-    launchers = {p["ppid"] for p in learners}
+    # warm learners (asrtrain/distributed/warm.py) are named learner-RANK, children of a fork
+    # server that their launcher started; a learner started as a new process is a python
+    # exec'd by torchrun's agent
+    warm = [p for p in procs.values() if p["comm"].startswith("learner-")]
+    servers = {p["ppid"] for p in warm}
+    cold = [p for p in procs.values() if p["comm"] == "python" and not p["forked"]
+            and procs.get(p["ppid"], {}).get("comm") == "pt_elastic"]
+    learners = warm + cold
+    launchers = {p["ppid"] for p in cold} | {procs[q]["ppid"] for q in servers if q in procs}
     cpus = [p["cpu_s"] for p in learners]
     return {
         "processes": len(procs), "cpu_s": round(sum(p["cpu_s"] for p in procs.values()), 1),
         "torchrun_learners": {
-            "count": len(learners), "cpu_s": round(sum(cpus), 1),
+            "count": len(learners), "warm": len(warm), "cpu_s": round(sum(cpus), 1),
             "median_cpu_s": statistics.median(cpus) if cpus else None,
+            "fork_servers": len(servers),
+            "fork_servers_cpu_s": round(sum(procs[q]["cpu_s"] for q in servers if q in procs), 1),
             "launching_processes": len(launchers),
             "launching_cpu_s": round(sum(procs[q]["cpu_s"] for q in launchers if q in procs), 1)},
         "by_kind": {k: {"count": len(v), "cpu_s": round(sum(v), 1)}
@@ -76,8 +85,10 @@ def main() -> None:
     s = summary(read(args.pacct, start, end))
     t = s["torchrun_learners"]
     print(f"{s['processes']} processes, {s['cpu_s']} CPU-s")
-    print(f"torchrun learners: {t['count']}, {t['cpu_s']} CPU-s (median {t['median_cpu_s']}), "
-          f"from {t['launching_processes']} processes ({t['launching_cpu_s']} CPU-s)")
+    print(f"torchrun learners: {t['count']} ({t['warm']} warm), {t['cpu_s']} CPU-s (median "
+          f"{t['median_cpu_s']}), from {t['launching_processes']} processes "
+          f"({t['launching_cpu_s']} CPU-s) and {t['fork_servers']} fork servers "
+          f"({t['fork_servers_cpu_s']} CPU-s)")
     for k, v in list(s["by_kind"].items())[:12]:
         print(f"{v['cpu_s']:9.1f} CPU-s {v['count']:6d}  {k}")
     if args.json:
