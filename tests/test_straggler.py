@@ -116,6 +116,39 @@ def test_ctc_batches_claimed_once_and_nodes_claim_together() -> None:
     assert got == [0, 1, 2, 4, None, None, None, None]
 
 
+
+@pytest.mark.timeout(120)
+def test_a_claim_on_a_store_that_went_away_names_the_lost_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store lives in node 0's launcher: when it dies with its node, a learner of node 1
+    whose next claim fails says that node 0 is lost (the backends pass Comm.guarded), not the
+    store's "Connection was likely closed"."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from asrtrain import AsrtrainError
+    from asrtrain.distributed.comm import Comm
+    from asrtrain.distributed.liveness import Liveness
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+                       "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)  # learner 2 of 4, on node 1 of 2
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    comm = Comm(2, 4, 0, 2, torch.device("cpu"), 5.0, Liveness(2, 4))
+    store = dist.TCPStore("127.0.0.1", server.port, is_master=False,
+                          timeout=timedelta(seconds=5), wait_for_workers=False)
+    claims = EpochClaims(store, 1, guard=comm.guarded)
+    assert claims(10) == 0
+    del server  # node 0's launcher, and its store, are gone
+    with pytest.raises(AsrtrainError) as failed:
+        claims(10)
+    message = str(failed.value)
+    assert message.startswith("rank 2: the claim of the epoch's next unit failed: node 0 is "
+                              "lost: the rendezvous store"), message
+
+
 COMMON = ["model.layers=1", "model.cells=48", "model.bottleneck=32", "trainer.log_every=5",
           "trainer.batch_frames=1500", "nj=2"]
 
