@@ -133,8 +133,8 @@ def _forget_the_fork_server() -> None:
 
 
 def _name(name: str) -> None:
-    """The process name ``top`` and ``ps -o comm`` show (its command line stays the fork
-    server's: ``python -c 'from multiprocessing.forkserver import main; ...'``)."""
+    """The process name ``top`` and ``ps -o comm`` show (``ps``'s command line is the title
+    :func:`_learner` sets)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
@@ -175,8 +175,9 @@ class WarmProcess:
 
 
 def _module_command(command: tuple) -> tuple[str, list[str]] | None:
-    """``(module, args)`` of torchrun's ``python -u -m module args`` command, else None."""
-    if len(command) >= 4 and command[1:3] == ("-u", "-m"):
+    """``(module, args)`` of torchrun's ``python -u -m module args`` command run by this
+    interpreter, else None (``PYTHON_EXEC`` may name another one)."""
+    if len(command) >= 4 and command[0] == sys.executable and command[1:3] == ("-u", "-m"):
         return str(command[3]), [str(a) for a in command[4:]]
     return None
 
@@ -188,8 +189,9 @@ def warm_handlers() -> Iterator[None]:
     torchrun's ``SubprocessContext`` makes each learner's handler with
     ``get_subprocess_handler`` of ``torch.distributed.elastic.multiprocessing.api``; this
     context replaces that function with one whose handler forks the learner from the fork
-    server (:class:`WarmProcess`). A command that is not ``python -u -m MODULE`` starts as
-    torchrun starts it. ``tests/test_warm.py`` checks that torch still looks the name up there.
+    server (:class:`WarmProcess`). A command that is not ``python -u -m MODULE`` with this
+    interpreter starts as torchrun starts it. ``tests/test_warm.py`` checks that torch still
+    looks the name up there.
     """
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
