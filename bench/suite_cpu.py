@@ -56,7 +56,9 @@ def summary(procs: dict[int, dict]) -> dict:
     cold = [p for p in procs.values() if p["comm"] == "python" and not p["forked"]
             and procs.get(p["ppid"], {}).get("comm") == "pt_elastic"]
     learners = warm + cold
-    launchers = {p["ppid"] for p in cold} | {procs[q]["ppid"] for q in servers if q in procs}
+    # a fork server ends just after its launcher, so accounting records init as its parent: a
+    # warm learner's launcher is not known here
+    launchers = {p["ppid"] for p in cold}
     cpus = [p["cpu_s"] for p in learners]
     return {
         "processes": len(procs), "cpu_s": round(sum(p["cpu_s"] for p in procs.values()), 1),
@@ -86,9 +88,9 @@ def main() -> None:
     t = s["torchrun_learners"]
     print(f"{s['processes']} processes, {s['cpu_s']} CPU-s")
     print(f"torchrun learners: {t['count']} ({t['warm']} warm), {t['cpu_s']} CPU-s (median "
-          f"{t['median_cpu_s']}), from {t['launching_processes']} processes "
-          f"({t['launching_cpu_s']} CPU-s) and {t['fork_servers']} fork servers "
-          f"({t['fork_servers_cpu_s']} CPU-s)")
+          f"{t['median_cpu_s']}); {t['fork_servers']} fork servers ({t['fork_servers_cpu_s']} "
+          f"CPU-s); the cold ones' {t['launching_processes']} launching processes "
+          f"({t['launching_cpu_s']} CPU-s)")
     for k, v in list(s["by_kind"].items())[:12]:
         print(f"{v['cpu_s']:9.1f} CPU-s {v['count']:6d}  {k}")
     if args.json:
