@@ -31,11 +31,14 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     code = ("import sys; from asrtrain import AsrtrainError; "
             "from asrtrain.distributed.launch import launch\n"
             "print('launcher', __import__('os').getpid(), flush=True)\n"
-            "try: launch(sys.argv[1:], 2, module='warm_probe', module_args=())\n"
+            # a first launch starts the fork server with 1 thread a learner (OMP_NUM_THREADS)
+            "launch(['--noop'], 1, module='warm_probe', module_args=(), threads=1)\n"
+            "try: launch(sys.argv[1:], 2, module='warm_probe', module_args=(), threads=2)\n"
             "except AsrtrainError as e: print('error:', e, file=sys.stderr); sys.exit(1)\n")
     env = {**os.environ, OUT_ENV: str(out), "ASRTRAIN_TEST_WARM_MARK": "from the launcher",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
                                                         os.environ.get("PYTHONPATH")]))}
+    env.pop("OPENBLAS_NUM_THREADS", None)
     return subprocess.run([sys.executable, "-c", code, *args], cwd=work, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -58,6 +61,8 @@ def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path) 
         # ps shows the command torchrun would have run
         assert s["cmdline"] == (f"{sys.executable} -u -m warm_probe --flag value with spaces")
         assert not s["parent_process"]              # a main process, as a new one is
+        # BLAS's threads from the learner's environment, not from the fork server's
+        assert s["blas_threads"] and set(s["blas_threads"]) == {2}, s["blas_threads"]
         assert s["sid"] == s["pid"]                  # a session of its own, as torchrun's Popen
         assert s["cwd"] == str(tmp_path / "work")    # the launcher's working folder
         assert s["argv"] == ["--flag", "value with spaces"]
@@ -66,7 +71,7 @@ def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path) 
         env = s["env"]
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank), "2")
         assert env["ASRTRAIN_TEST_WARM_MARK"] == "from the launcher"  # the launcher's own
-        assert env["OMP_NUM_THREADS"] == "1"                          # what launch() adds
+        assert env["OMP_NUM_THREADS"] == "2"                          # what launch() adds
         assert env["TORCHELASTIC_ERROR_FILE"].endswith("error.json")  # torchrun's per rank
         assert env["MASTER_PORT"] == seen[0]["env"]["MASTER_PORT"]
         assert f"learner {rank} says hello on stdout" in proc.stdout

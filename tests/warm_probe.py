@@ -12,12 +12,16 @@ import signal
 import sys
 from pathlib import Path
 
+from threadpoolctl import threadpool_info
+
 #: torch before this module's own imports: preloaded by the fork server, or not (a new process)
 PRELOADED = "torch" in sys.modules
 OUT_ENV = "ASRTRAIN_TEST_WARM_OUT"
 
 
 def _learner() -> None:
+    if "--noop" in sys.argv:  # the launch that starts the fork server
+        return
     rank = int(os.environ["RANK"])
     out = Path(os.environ[OUT_ENV])
     seen = {"preloaded": PRELOADED, "pid": os.getpid(), "ppid": os.getppid(),
@@ -28,7 +32,9 @@ def _learner() -> None:
                                                    "ASRTRAIN_TEST_WARM_MARK")},
             "sys_path_head": sys.path[:3], "comm": Path("/proc/self/comm").read_text().strip(),
             "cmdline": Path("/proc/self/cmdline").read_bytes().decode().rstrip("\0"),
-            "parent_process": multiprocessing.parent_process() is not None}
+            "parent_process": multiprocessing.parent_process() is not None,
+            "blas_threads": [p["num_threads"] for p in threadpool_info()
+                             if p["user_api"] == "blas"]}
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
     print(f"learner {rank} says hello on stdout")
     print(f"learner {rank} says hello on stderr", file=sys.stderr)

@@ -12,7 +12,8 @@ launcher is copied.
 
 What torchrun sees is unchanged: a process per learner with its pid, the leader of a session of
 its own (torchrun signals the group), the agent's environment (the launcher's plus torchrun's
-per-rank variables, exactly as torchrun would pass them), the launcher's stdin, stdout and
+per-rank variables, exactly as torchrun would pass them; BLAS's thread count taken from it, as
+a new process takes it), the launcher's stdin, stdout and
 stderr (or torchrun's redirect files), unbuffered as ``-u`` makes them, its exit status (its
 ``sys.exit`` code, 1 for an uncaught exception, ``-N`` for a signal) and its error file. So
 torchrun's monitor, its SIGTERM-then-SIGKILL shutdown and :func:`asrtrain.distributed.launch.
@@ -43,6 +44,7 @@ from multiprocessing import reduction, resource_tracker
 from typing import Any
 
 import setproctitle
+from threadpoolctl import threadpool_limits
 
 from asrtrain.distributed.liveness import LAUNCHER_ENV
 
@@ -99,6 +101,10 @@ def _learner(module: str, args: list[str], env: dict[str, str], fds: list[int | 
                                   errors=sys.stdout.errors, write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=sys.stderr.encoding,
                                   errors="backslashreplace", write_through=True)
+    # BLAS took its thread count from the fork server's environment when numpy was imported;
+    # torch reads the learner's when its pool starts
+    blas = int(env.get("OPENBLAS_NUM_THREADS") or env.get("OMP_NUM_THREADS") or 0)
+    threadpool_limits(blas or len(os.sched_getaffinity(0)), user_api="blas")
     # python -m puts the working folder first, then PYTHONPATH; the launcher's path follows
     head = [os.getcwd(), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     sys.path[:] = [*head, *(p for p in sys.path if p not in head)]
