@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import io
 import multiprocessing
 import multiprocessing.forkserver
@@ -83,8 +84,13 @@ def _open_fd(fd: int) -> bool:
 def _learner(module: str, args: list[str], env: dict[str, str], fds: list[int | None]) -> None:
     """The child of the fork server: ``python -u -m module args`` in this warm process."""
     os.setsid()  # as torchrun's Popen(start_new_session=True): torchrun signals the group
-    for target, fd in enumerate(fds):
-        if fd is not None and fd != target:
+    # the launcher's fds arrived under any numbers, 0-2 included: move them above 2 first
+    moved = [None if fd is None else fcntl.fcntl(fd, fcntl.F_DUPFD, 3) for fd in fds]
+    for fd in fds:
+        if fd is not None and fd > 2:
+            os.close(fd)
+    for target, fd in enumerate(moved):
+        if fd is not None:
             os.dup2(fd, target)
             os.close(fd)
     _forget_the_fork_server()
