@@ -4,6 +4,7 @@ still the whole set once. Behaviour only: no test here asserts a time."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -202,7 +203,9 @@ def test_a_slowed_adpsgd_learner_takes_less_of_each_epoch(exp: Path) -> None:
         assert fast + slow == utts          # the whole set, once
         assert fast > slow                  # the fast learner took more of it
         assert m["global_samples"] == epoch * utts
-        assert m["consensus_distance"] > 0  # measured at the epoch's end
+        # measured at the epoch's end; 0 when the two learners' last exchange came after both
+        # last steps (the waiting learner answers its partner until the drain: ci34, once)
+        assert math.isfinite(m["consensus_distance"]) and m["consensus_distance"] >= 0
 
 
 @pytest.mark.timeout(600)
