@@ -165,10 +165,6 @@ class WarmProcess:
         self.pid: int = self._process.pid
         self.args = [sys.executable, "-u", "-m", module, *args]
 
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
     def poll(self) -> int | None:
         return self._process.exitcode
 
@@ -181,9 +177,6 @@ class WarmProcess:
     def send_signal(self, sig: int) -> None:
         if self._process.exitcode is None:
             os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self._process.kill()
 
 
 def _module_command(command: tuple) -> tuple[str, list[str]] | None:
