@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -91,6 +92,13 @@ class Liveness:
         self._stop = threading.Event()
         self._hung: dict[int, int] = {}
         self._thread: threading.Thread | None = None
+        # the judgements' own store connection (made at the start, so a store that went away
+        # fails its next call at once instead of a connect's timeout), shared by the threads
+        # that fail (the training loop, the gossip thread) under a lock; and why the store is
+        # unreachable, once a call found out: every later judgement says so without asking
+        self._judge: dist.TCPStore | None = None
+        self._judge_lock = threading.Lock()
+        self._lost: str | None = None
 
     def _client(self, timeout: float) -> dist.TCPStore:
         return dist.TCPStore(self._host, self._port, is_master=False,
@@ -107,6 +115,8 @@ class Liveness:
         store.set(f"{self.prefix}/pid/{self.rank}",
                   f"{socket.gethostname()} {os.getpid()} {self.node}")
         store.add(key, 1)
+        self._judge = self._client(30.0)
+        self._judge.set_timeout(timedelta(seconds=5.0))   # its requests, once connected
         launcher = launcher_pid()
 
         def beat() -> None:
@@ -117,7 +127,8 @@ class Liveness:
                     os._exit(143)
                 try:
                     store.add(key, 1)
-                except Exception:  # the store went away: nothing left to tell
+                except Exception as e:  # the store went away: nothing left to tell
+                    self._lost = self._lost or _first_line(e)
                     return
 
         self._thread = threading.Thread(target=beat, name="asrtrain-heartbeat", daemon=True)
@@ -132,38 +143,55 @@ class Liveness:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval + 10.0)
 
+    @contextlib.contextmanager
+    def _store(self) -> Iterator[dist.TCPStore]:
+        """The judgements' store connection, one thread at a time; a call that fails records
+        that the store is unreachable (its host, the launcher or rank 0, is gone)."""
+        with self._judge_lock:
+            if self._lost is not None:
+                raise _StoreLost(self._lost)
+            try:
+                if self._judge is None:   # a Liveness that was never started
+                    self._judge = self._client(5.0)
+                yield self._judge
+            except Exception as e:
+                self._lost = _first_line(e)
+                raise
+
     def report_failure(self, message: str) -> None:
         """Record that this learner fails because of someone else (so it is not blamed)."""
-        with contextlib.suppress(Exception):
-            self._client(5.0).set(f"{self.prefix}/failed/{self.rank}", message)
+        with contextlib.suppress(Exception), self._store() as store:
+            store.set(f"{self.prefix}/failed/{self.rank}", message)
 
     def silent_ranks(self) -> str:
         """Name the learners whose heartbeat stopped without a recorded failure of their own.
 
         Those of them still alive on this machine are hung: :meth:`fence_hung` kills them once
-        this learner has recorded its error.
+        this learner has recorded its error. A store that went away is said at once: the
+        heartbeat thread or an earlier judgement found it out, or this call's first request
+        does (on the connection made at the start: no connect to wait out).
         """
         try:
-            store = self._client(5.0)
-            keys = [f"{self.prefix}/hb/{r}" for r in range(self.world_size)]
-            before = [store.add(k, 0) for k in keys]
-            time.sleep(2.5 * self.interval)
-            after = [store.add(k, 0) for k in keys]
-            failed = {r for r in range(self.world_size)
-                      if store.check([f"{self.prefix}/failed/{r}"])}
-            silent = [r for r in range(self.world_size)
-                      if after[r] == before[r] and r not in failed and r != self.rank]
-            self._hung = {r: pid for r in silent if (pid := self._local_pid(store, r))}
+            with self._store() as store:
+                keys = [f"{self.prefix}/hb/{r}" for r in range(self.world_size)]
+                before = [store.add(k, 0) for k in keys]
+                time.sleep(2.5 * self.interval)
+                after = [store.add(k, 0) for k in keys]
+                failed = {r for r in range(self.world_size)
+                          if store.check([f"{self.prefix}/failed/{r}"])}
+                silent = [r for r in range(self.world_size)
+                          if after[r] == before[r] and r not in failed and r != self.rank]
+                self._hung = {r: pid for r in silent if (pid := self._local_pid(store, r))}
+                if silent:
+                    return self._describe(store, silent)
         except Exception as e:  # the store lives in the launcher or on rank 0
-            cause = (str(e).splitlines() or [type(e).__name__])[0]
+            cause = self._lost or _first_line(e)
             if self.nnodes > 1 and self.node != 0:
                 return (f"node 0 is lost: the rendezvous store its launcher serves at "
                         f"{self._host}:{self._port} is unreachable ({cause}): node 0's "
                         "launcher or machine died")
             return f"the rendezvous store is unreachable ({cause}): rank 0 or the launcher died"
-        if not silent:
-            return "every learner still has a heartbeat: one of them is hung or too slow"
-        return self._describe(store, silent)
+        return "every learner still has a heartbeat: one of them is hung or too slow"
 
     def _describe(self, store: dist.TCPStore, silent: list[int]) -> str:
         """The silent learners in words; over several nodes, a node all of whose learners went
@@ -219,6 +247,14 @@ class Liveness:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._hung = {}
+
+
+class _StoreLost(Exception):
+    """A judgement not asked of a store already found unreachable."""
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
 
 
 def _alive(pid: str) -> bool:
