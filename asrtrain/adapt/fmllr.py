@@ -60,13 +60,19 @@ class FmllrStats:
         xi = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)             # [N, D+1]
         mean_term = (post[:, :, None] * gauss.means.to(x) * inv).sum(1)     # [N, D]
         prec_term = (post[:, :, None] * inv).sum(1)                         # [N, D]
+        # G_i is symmetric: its upper triangle from the frames' xi xi^T products, then mirrored
+        # (half the products and the memory of the full [N, D, D+1] outer products)
+        up, lo = torch.triu_indices(d + 1, d + 1, device=x.device)
         for s in torch.unique(spk).tolist():
             sel = spk == s
-            xs, ps = xi[sel], prec_term[sel]
+            xs = xi[sel]
             self.beta[s] += post[sel].sum()
             self.K[s] += mean_term[sel].T @ xs
-            self.G[s] += ((ps[:, :, None] * xs[:, None, :]).reshape(len(xs), -1).T @ xs
-                          ).view(d, d + 1, d + 1)
+            tri = prec_term[sel].T @ (xs[:, up] * xs[:, lo])                # [D, (D+1)(D+2)/2]
+            g = torch.empty_like(self.G[s])
+            g[:, up, lo] = tri
+            g[:, lo, up] = tri
+            self.G[s] += g
 
     def add(self, other: FmllrStats) -> None:
         self.beta += other.beta
@@ -122,8 +128,10 @@ def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 50
     start = fmllr_objective(w, sub)
     objective = [start]
     for _ in range(num_iters):
+        # A^-1, exact at each iteration's start and kept by rank-one updates row to row
+        a_inv = torch.linalg.inv(w[:, :, :d])
         for i in range(d):
-            _update_row(w, i, sub, ginv[:, i])
+            _update_row(w, i, sub, ginv[:, i], a_inv)
         objective.append(fmllr_objective(w, sub))
     res.transforms[ok] = w
     res.objective = [_scatter(o, ok) for o in objective]
@@ -134,20 +142,28 @@ def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 50
     return res
 
 
-def _update_row(w: torch.Tensor, i: int, stats: FmllrStats, ginv: torch.Tensor) -> None:
-    """Row ``i`` of every speaker's ``W`` to its optimum given the other rows (in place)."""
+def _update_row(w: torch.Tensor, i: int, stats: FmllrStats, ginv: torch.Tensor,
+                a_inv: torch.Tensor) -> None:
+    """Row ``i`` of every speaker's ``W`` to its optimum given the other rows (in place), and
+    ``a_inv`` (``A^-1``, ``[S, D, D]``) to the new ``A``'s inverse (in place): the row changes
+    ``A`` by ``e_i delta^T``, so Sherman-Morrison updates it in ``O(D^2)`` instead of Kaldi's
+    inversion of ``A`` at every row (``O(D^3)``)."""
     d = stats.dim
-    cof = torch.linalg.inv(w[:, :, :d])[:, :, i]                 # row i of A^-T, [S, D]
+    cof = a_inv[:, :, i]                                         # row i of A^-T, [S, D]
     p = torch.cat([cof, torch.zeros_like(cof[:, :1])], dim=1)    # [S, D+1]
     k = stats.K[:, i]
-    gp = torch.einsum("sab,sb->sa", ginv, p)
+    gp = (ginv @ p[:, :, None]).squeeze(2)
     e2 = (p * gp).sum(1)
     e1 = (k * gp).sum(1)
     disc = torch.sqrt(e1 * e1 + 4 * e2 * stats.beta)
     roots = torch.stack([(-e1 - disc) / (2 * e2), (-e1 + disc) / (2 * e2)])   # [2, S]
     auxf = stats.beta * torch.log(torch.abs(roots * e2 + e1)) - 0.5 * roots ** 2 * e2
     alpha = torch.where(auxf[0] > auxf[1], roots[0], roots[1])
-    w[:, i] = torch.einsum("sa,sab->sb", alpha[:, None] * p + k, ginv)
+    row = ((alpha[:, None] * p + k)[:, None, :] @ ginv).squeeze(1)           # [S, D+1]
+    delta = row[:, :d] - w[:, i, :d]
+    w[:, i] = row
+    v = (delta[:, None, :] @ a_inv).squeeze(1)                   # delta^T A^-1, [S, D]
+    a_inv -= (cof / (1.0 + v[:, i:i + 1]))[:, :, None] * v[:, None, :]
 
 
 def _inverse_g(g: torch.Tensor, names: list[str]) -> torch.Tensor:
