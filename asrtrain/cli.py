@@ -108,6 +108,10 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
     A stage reruns when a config key it depends on changed, when a stage it reads reruns, or when
     --force names it; every other stage is skipped (see --dry-run).
     """
+    if not (dry_run or show_config):
+        from asrtrain.distributed.warm import start_fork_server
+
+        start_fork_server()   # while this process is clean: before logging, stages, threads
     from omegaconf import OmegaConf
 
     from asrtrain.distributed.nodes import node_rank, run_node

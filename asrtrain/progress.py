@@ -35,6 +35,11 @@ from tqdm import tqdm
 
 from asrtrain import AsrtrainError
 
+# tqdm's default lock is a multiprocessing lock too: a semaphore that a learner ending with
+# os._exit never releases, so its resource tracker printed "leaked semaphore objects" on the
+# console for every learner. A bar is drawn by its own process: a thread lock is enough.
+tqdm.set_lock(threading.RLock())
+
 log = logging.getLogger("asrtrain.progress")
 
 ENV_EVERY_S = "ASRTRAIN_PROGRESS_EVERY_S"

@@ -89,6 +89,11 @@ def test_tiny_recipe_trains_with_four_learners(exp: Path, backend: str, extra: l
         assert drain["gossip_hold_s"] >= 0 and drain["gossip_rounds"] >= 1, drain
         assert "gossip_hold_s" in log  # the epoch's log line
     assert len(WER_LINE.findall(out.stdout)) == 3
+    # the learners' console is quiet too: no runpy warning of a warm start, no "leaked
+    # semaphore" from a learner's resource tracker (tqdm's lock was a multiprocessing one)
+    chatter = [ln for ln in (out.stdout + out.stderr).splitlines()
+               if re.search(r"\w*Warning\b|leaked semaphore|resource_tracker", ln)]
+    assert not chatter, chatter[:4]
 
 
 def test_bad_corpus_path_is_one_clear_error(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ from warm_probe import OUT_ENV
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _launch(tmp_path: Path, *args: str, forked: bool = True) -> subprocess.CompletedProcess:
+    """``forked``: the launcher forks its fork server first, as ``asrtrain run`` does
+    (warm.start_fork_server); else multiprocessing starts one at the first learner."""
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     work = tmp_path / "work"
@@ -31,6 +34,8 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     code = ("import sys; from asrtrain import AsrtrainError; "
             "from asrtrain.distributed.launch import launch\n"
             "print('launcher', __import__('os').getpid(), flush=True)\n"
+            + ("from asrtrain.distributed.warm import start_fork_server\n"
+               "print('forked', start_fork_server(), flush=True)\n" if forked else "") +
             # a first launch starts the fork server with 1 thread a learner (OMP_NUM_THREADS)
             "launch(['--noop'], 1, module='warm_probe', module_args=(), threads=1)\n"
             "try: launch(sys.argv[1:], 2, module='warm_probe', module_args=(), threads=2)\n"
@@ -48,14 +53,19 @@ def _seen(tmp_path: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(600)
-def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path) -> None:
-    proc = _launch(tmp_path, "--flag", "value with spaces")
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-server", "multiprocessing-server"])
+def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path,
+                                                                forked: bool) -> None:
+    proc = _launch(tmp_path, "--flag", "value with spaces", forked=forked)
     assert proc.returncode == 0, proc.stderr[-3000:]
     launcher = int(proc.stdout.split()[1])
+    assert ("forked True" in proc.stdout) == forked, proc.stdout
     seen = _seen(tmp_path)
     for rank, s in enumerate(seen):
         assert s["preloaded"], s                     # forked warm, not a new interpreter
         assert s["ppid"] != launcher                 # the fork server's child ...
+        # ... the one the launcher forked (its name in top), or multiprocessing's
+        assert (s["parent_comm"] == "asrtrain-fork") == forked, s["parent_comm"]
         assert s["env"]["ASRTRAIN_LAUNCHER_PID"] == str(s["ppid"])  # ... which it watches
         assert s["comm"] == f"learner-{rank}"       # its name in top
         # ps shows the command torchrun would have run
@@ -77,6 +87,19 @@ def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path) 
         assert f"learner {rank} says hello on stdout" in proc.stdout
         assert f"learner {rank} says hello on stderr" in proc.stderr
     assert seen[0]["env"]["TORCHELASTIC_ERROR_FILE"] != seen[1]["env"]["TORCHELASTIC_ERROR_FILE"]
+    deadline = time.monotonic() + 60   # the fork server ends once it sees the launcher gone
+    while any(_alive(s["ppid"]) for s in seen) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(s["ppid"]) for s in seen)
+    assert "Warning" not in proc.stderr, proc.stderr[-2000:]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 @pytest.mark.timeout(600)
@@ -102,3 +125,22 @@ def test_torchrun_still_makes_its_handlers_where_warm_replaces_the_maker() -> No
     with warm_handlers():
         assert api.get_subprocess_handler is not before
     assert api.get_subprocess_handler is before
+
+
+def test_a_launcher_with_threads_does_not_fork_its_fork_server() -> None:
+    """A fork copies only the calling thread: a launcher running a Python thread, or torch's
+    OpenMP pool (after a parallel region), leaves the fork server to multiprocessing; numpy's
+    OpenBLAS workers (there from numpy's import, safe to fork) do not count."""
+    code = ("import threading, torch\n"
+            "from asrtrain.distributed import warm\n"
+            "print('blas only', warm._one_thread())\n"
+            "stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()\n"
+            "print('a thread', warm.start_fork_server())\n"
+            "stop.set(); t.join()\n"
+            "torch.set_num_threads(2); (torch.rand(2000, 2000) @ torch.rand(2000, 2000)).sum()\n"
+            "print('an OpenMP pool', warm.start_fork_server())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["blas only True", "a thread False",
+                                        "an OpenMP pool False"], proc.stdout

@@ -25,6 +25,7 @@ def _learner() -> None:
     rank = int(os.environ["RANK"])
     out = Path(os.environ[OUT_ENV])
     seen = {"preloaded": PRELOADED, "pid": os.getpid(), "ppid": os.getppid(),
+            "parent_comm": Path(f"/proc/{os.getppid()}/comm").read_text().strip(),
             "sid": os.getsid(0), "cwd": os.getcwd(), "argv": sys.argv[1:],
             "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                    "TORCHELASTIC_ERROR_FILE", "MASTER_PORT",

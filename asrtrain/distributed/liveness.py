@@ -68,8 +68,22 @@ def record_error(error: BaseException) -> None:
         return
     text = str(error) if isinstance(error, AsrtrainError) else f"{type(error).__name__}: {error}"
     line = (text.strip().splitlines() or [type(error).__name__])[0]
-    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as f:
-        json.dump({"message": line, "timestamp": int(time.time())}, f)
+    # the first error of this learner is its error: its training loop and its gossip thread may
+    # both fail at once (two writers of one file left one record with the end of the other's
+    # after it, and torchrun's agent failed on the JSON); written whole under a temporary name
+    with _recorded_lock:
+        if _recorded:
+            return
+        _recorded.append(line)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError):
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"message": line, "timestamp": int(time.time())}, f)
+            os.replace(tmp, path)
+
+
+_recorded: list[str] = []
+_recorded_lock = threading.Lock()
 
 
 def _orphaned(launcher: int | None) -> bool:

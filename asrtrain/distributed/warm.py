@@ -38,6 +38,8 @@ import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import runpy
+import select
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,7 +47,7 @@ from multiprocessing import reduction, resource_tracker
 from typing import Any
 
 import setproctitle
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from asrtrain.distributed.liveness import LAUNCHER_ENV
 
@@ -115,6 +117,9 @@ def _learner(module: str, args: list[str], env: dict[str, str], fds: list[int | 
     head = [os.getcwd(), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     sys.path[:] = [*head, *(p for p in sys.path if p not in head)]
     sys.argv = [module, *args]
+    # as in a new process, the module runs as __main__ only (preloaded, runpy would warn that it
+    # is in sys.modules already); what it imports stays loaded
+    sys.modules.pop(module, None)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:
@@ -142,6 +147,89 @@ def _forget_the_fork_server() -> None:
     server._inherited_fds = None
     resource_tracker._resource_tracker._fd = resource_tracker._resource_tracker._pid = None
     multiprocessing.process._parent_process = None
+
+
+def start_fork_server() -> bool:
+    """Start this process's learner fork server now, as a fork of this process; False (and
+    nothing done) where that is not safe or one is running already.
+
+    ``asrtrain run`` calls this first thing, while its process is as clean as the fork server
+    that ``multiprocessing`` would start on the first learner (a new interpreter): it has
+    imported modules, configured no logging, run no stage and started no thread. The fork shares
+    those imports (a launcher forked from a warm process, as the tests' commands are, has torch
+    and the trainer already; a new one imports them in the server, as before) and waits: it
+    imports :data:`PRELOAD` only when the first learner is asked for, so a run that trains no
+    learners pays one fork. It holds none of the launcher's output (its stdin, stdout and stderr
+    are ``/dev/null``; a learner gets the launcher's from torchrun, :class:`WarmProcess`), and it
+    ends when the launcher ends, as ``multiprocessing``'s does (the same "alive" pipe).
+
+    Not safe, so not done: a process with more than one thread (a fork copies only the calling
+    thread, and locks or thread pools the others held), or a ``multiprocessing`` whose fork
+    server this code does not know (Python 3.11-3.13's are alike; a later one may differ).
+    """
+    server = multiprocessing.forkserver._forkserver
+    known = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
+    if (not all(hasattr(server, a) for a in known) or hasattr(server, "_forkserver_authkey")
+            or server._forkserver_pid is not None or not _one_thread()):
+        return False
+    from multiprocessing import connection
+
+    with server._lock:
+        listener = socket.socket(socket.AF_UNIX)
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the fork server
+            code = 0
+            try:
+                os.close(alive_w)
+                _fork_server(listener.fileno(), alive_r)
+            except BaseException:  # noqa: BLE001 - its stderr is /dev/null; the launcher sees
+                code = 1            # it gone and starts multiprocessing's own
+            os._exit(code)
+        os.close(alive_r)
+        listener.close()
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    return True
+
+
+def _one_thread() -> bool:
+    """Whether this process runs one thread of its own: Python's main thread, and no native
+    thread but OpenBLAS's workers (numpy's BLAS starts them when it loads, and makes them safe
+    to fork: it stops them before a fork and starts them again after; ``multiprocessing``'s own
+    fork server has them too). An OpenMP pool (torch's, once it ran a parallel region) is not:
+    a forked child hangs in its first parallel region. Linux only (False elsewhere)."""
+    import threading
+
+    try:
+        native = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return False
+    blas = sum(max(0, pool["num_threads"] - 1) for pool in threadpool_info()
+               if pool["internal_api"] == "openblas")
+    return threading.active_count() == 1 and native <= 1 + blas
+
+
+def _fork_server(listener: int, alive: int) -> None:
+    """The forked fork server: wait for the first learner (or the launcher's end), import what
+    learners need, then serve as ``multiprocessing``'s fork server does."""
+    _forget_the_fork_server()   # a launcher forked from a fork server holds that one's fds
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    setproctitle.setproctitle(f"asrtrain learner fork server (launcher {os.getppid()})")
+    _name("asrtrain-fork")
+    if alive in select.select([listener, alive], [], [])[0]:
+        return   # the launcher ended before it asked for a learner
+    for module in PRELOAD:
+        __import__(module)
+    multiprocessing.forkserver.main(listener, alive, [], None, None)
 
 
 def _name(name: str) -> None:
