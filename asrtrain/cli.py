@@ -109,9 +109,14 @@ def run(recipe: str, overrides: tuple[str, ...], start: str | None, stop: str | 
     --force names it; every other stage is skipped (see --dry-run).
     """
     if not (dry_run or show_config):
+        # torch first (every stage imports it; the import starts no thread), then the fork
+        # server while this process is clean: before logging, stages, threads. It shares the
+        # import, and imports the rest of what learners need only if one is asked for.
+        import torch  # noqa: F401
+
         from asrtrain.distributed.warm import start_fork_server
 
-        start_fork_server()   # while this process is clean: before logging, stages, threads
+        start_fork_server()
     from omegaconf import OmegaConf
 
     from asrtrain.distributed.nodes import node_rank, run_node
