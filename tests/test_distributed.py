@@ -233,3 +233,31 @@ def test_learners_start_clean_after_the_parent_used_cuda(tmp_path: Path) -> None
     assert codes == {0: 0, 1: 0}, list(tmp_path.glob("error*"))
     stats, _ = results(tmp_path, 2)
     assert [s["cuda_bad_fork"] for s in stats] == [False, False]
+
+
+def test_a_learner_records_its_first_error_whole_when_two_threads_fail_at_once(
+        tmp_path: Path) -> None:
+    """The training loop and the gossip thread may fail together: torchrun's agent reads one
+    JSON record (two writers of one file once left one record with the end of the other's
+    after it, and the agent died on the JSON). A process of its own: what it recorded is kept
+    for the process's life."""
+    import subprocess
+    import sys
+
+    error_file = tmp_path / "error.json"
+    code = ("import threading\n"
+            "from asrtrain import AsrtrainError\n"
+            "from asrtrain.distributed.liveness import record_error\n"
+            "record_error(AsrtrainError('rank 0: the first failure'))\n"
+            "go = threading.Barrier(8)\n"
+            "def fail(k):\n"
+            "    go.wait()\n"
+            "    record_error(AsrtrainError('rank 0: a later failure ' + 'x' * (50 * k)))\n"
+            "ts = [threading.Thread(target=fail, args=(k,)) for k in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ,
+                                            "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(error_file.read_text())["message"] == "rank 0: the first failure"
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]   # no temporary left
