@@ -168,33 +168,33 @@ def start_fork_server() -> bool:
     server this code does not know (Python 3.11-3.13's are alike; a later one may differ).
     """
     server = multiprocessing.forkserver._forkserver
-    known = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
+    known = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
     if (not all(hasattr(server, a) for a in known) or hasattr(server, "_forkserver_authkey")
             or server._forkserver_pid is not None or not _one_thread()):
         return False
     from multiprocessing import connection
 
-    with server._lock:
-        listener = socket.socket(socket.AF_UNIX)
-        address = connection.arbitrary_address("AF_UNIX")
-        listener.bind(address)
-        os.chmod(address, 0o600)
-        listener.listen()
-        alive_r, alive_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the fork server
-            code = 0
-            try:
-                os.close(alive_w)
-                _fork_server(listener.fileno(), alive_r)
-            except BaseException:  # noqa: BLE001 - its stderr is /dev/null; the launcher sees
-                code = 1            # it gone and starts multiprocessing's own
-            os._exit(code)
-        os.close(alive_r)
-        listener.close()
-        server._forkserver_address = address
-        server._forkserver_alive_fd = alive_w
-        server._forkserver_pid = pid
+    # no lock taken: this process runs one thread, and a fork would copy a held lock held
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork server
+        code = 0
+        try:
+            os.close(alive_w)
+            _fork_server(listener.fileno(), alive_r)
+        except BaseException:  # noqa: BLE001 - its stderr is /dev/null: a launcher that finds
+            code = 1            # it gone before asking starts multiprocessing's own
+        os._exit(code)
+    os.close(alive_r)
+    listener.close()
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
     return True
 
 
