@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from warm_probe import OUT_ENV
 
+from asrtrain.distributed.liveness import _alive
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -88,18 +90,10 @@ def test_learners_start_warm_with_what_torchrun_would_give_them(tmp_path: Path,
         assert f"learner {rank} says hello on stderr" in proc.stderr
     assert seen[0]["env"]["TORCHELASTIC_ERROR_FILE"] != seen[1]["env"]["TORCHELASTIC_ERROR_FILE"]
     deadline = time.monotonic() + 60   # the fork server ends once it sees the launcher gone
-    while any(_alive(s["ppid"]) for s in seen) and time.monotonic() < deadline:
+    while any(_alive(str(s["ppid"])) for s in seen) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(s["ppid"]) for s in seen)
+    assert not any(_alive(str(s["ppid"])) for s in seen)
     assert "Warning" not in proc.stderr, proc.stderr[-2000:]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 @pytest.mark.timeout(600)

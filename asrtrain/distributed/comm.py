@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from asrtrain import AsrtrainError
-from asrtrain.distributed.liveness import Liveness, record_error
+from asrtrain.distributed.liveness import Liveness, first_line, record_error
 
 T = TypeVar("T")
 
@@ -132,7 +132,7 @@ class Comm:
         if peer is not None:
             culprit = f"the exchange with rank {peer} broke" + (f"; {culprit}" if culprit else "")
         culprit = culprit or "no liveness information"
-        cause = (str(error).splitlines() or [type(error).__name__])[0]
+        cause = first_line(error)
         cause = cause.split(". This is typically")[0]  # gloo's generic advice adds nothing
         msg = (f"rank {self.rank}: {what} failed: {culprit}. Underlying error: {cause}. "
                "Check that learner's log, then resume the run from its last checkpoint.")

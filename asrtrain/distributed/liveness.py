@@ -142,7 +142,7 @@ class Liveness:
                 try:
                     store.add(key, 1)
                 except Exception as e:  # the store went away: nothing left to tell
-                    self._lost = self._lost or _first_line(e)
+                    self._lost = self._lost or first_line(e)
                     return
 
         self._thread = threading.Thread(target=beat, name="asrtrain-heartbeat", daemon=True)
@@ -169,7 +169,7 @@ class Liveness:
                     self._judge = self._client(5.0)
                 yield self._judge
             except Exception as e:
-                self._lost = _first_line(e)
+                self._lost = first_line(e)
                 raise
 
     def report_failure(self, message: str) -> None:
@@ -199,7 +199,7 @@ class Liveness:
                 if silent:
                     return self._describe(store, silent)
         except Exception as e:  # the store lives in the launcher or on rank 0
-            cause = self._lost or _first_line(e)
+            cause = self._lost or first_line(e)
             if self.nnodes > 1 and self.node != 0:
                 return (f"node 0 is lost: the rendezvous store its launcher serves at "
                         f"{self._host}:{self._port} is unreachable ({cause}): node 0's "
@@ -267,8 +267,9 @@ class _StoreLost(Exception):
     """A judgement not asked of a store already found unreachable."""
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0]
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text, or its type's name when it has none."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _alive(pid: str) -> bool:
