@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.comm import cpu_threads
-from asrtrain.distributed.liveness import LAUNCHER_ENV
+from asrtrain.distributed.liveness import LAUNCHER_ENV, first_line
 
 #: Seconds torchrun waits for learners to end after SIGTERM before it sends SIGKILL (its own
 #: default, 30 s, is long for a learner that only has to drop what it is doing: checkpoints are
@@ -112,7 +112,7 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
 def rendezvous_message(error: BaseException, nnodes: int, node_rank: int,
                        rdzv_endpoint: str | None, timeout_s: int) -> str:
     """One line for agents of several nodes that did not meet: who waited for whom."""
-    cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    cause = first_line(error)
     if node_rank == 0:
         who = (f"the other {nnodes - 1} node(s) did not all join within {timeout_s} s: run the "
                "same command on each of them with its trainer.node_rank")
