@@ -100,6 +100,7 @@ class Settings:
     # 40 log-mel + Δ/ΔΔ computed by the loader | 40 fMLLR | a 100-dim i-vector a row every
     # IVECTOR_PERIOD frames, three tables as the features, align and ivectors stages write them)
     inputs: list[str] = field(default_factory=lambda: ["flat"])
+    profile: str | None = None  # a folder: each row's timed epoch under torch.profiler, a table
 
     @classmethod
     def quick(cls) -> Settings:
@@ -214,6 +215,27 @@ def model_only_fps(task, model, optimizer, tcfg: TrainerConfig, chunks: int, s: 
     return chunks * CHUNK * s.steps / (time.perf_counter() - t0)
 
 
+@contextlib.contextmanager
+def profiled(s: Settings, epoch: int, name: str, device: torch.device):
+    """The timed (last) epoch under torch.profiler where ``s.profile`` names a folder: its
+    operators by self CPU time and by device time in ``<profile>/<name>.txt`` (the end-to-end
+    figure of that row includes the profiler's overhead)."""
+    if s.profile is None or epoch != s.epochs:
+        yield
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        yield
+    table = prof.key_averages()
+    text = [f"{name}: by self CPU time", table.table(sort_by="self_cpu_time_total", row_limit=30)]
+    if device.type == "cuda":
+        text += ["by self device time", table.table(sort_by="self_cuda_time_total", row_limit=30)]
+    Path(s.profile).mkdir(parents=True, exist_ok=True)
+    write_text(Path(s.profile) / f"{name}.txt", "\n".join(text) + "\n")
+
+
 def measure(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str,
             inputs: str = "flat") -> dict:
     """One row: model-only and end-to-end frames/s of one batch size, precision, loader and
@@ -236,7 +258,8 @@ def measure(exp: Path, s: Settings, chunks: int, precision: str, chunk_data: str
     per_epoch = task.steps_per_epoch(1)
     schedule = LRSchedule.from_config(tcfg, task.samples_per_epoch)
     for epoch in range(1, s.epochs + 1):
-        figures = _train_epoch(run, epoch, (epoch - 1) * per_epoch, per_epoch, schedule)
+        with profiled(s, epoch, f"{chunks}_{precision}_{chunk_data}_{inputs}", device):
+            figures = _train_epoch(run, epoch, (epoch - 1) * per_epoch, per_epoch, schedule)
     e2e = figures.frames / figures.seconds
     row = {"device": device_name(device), "chunks": chunks, "precision": precision,
            "chunk_data": chunk_data, "inputs": inputs,
@@ -425,10 +448,12 @@ def main() -> None:
     ap.add_argument("--end-to-end-steps", type=int, help="steps of the largest batch an epoch")
     ap.add_argument("--epochs", type=int, help="end-to-end epochs; the last is timed")
     ap.add_argument("--gossip-params", type=int, help="0: the model's parameters")
+    ap.add_argument("--profile", help="a folder: each row's timed epoch under "
+                    "torch.profiler, its operators' table in <folder>/<row>.txt")
     args = ap.parse_args()
     s = Settings.quick() if args.quick else Settings()
     for key in ("model", "pdfs", "chunks", "precisions", "device", "warmup_steps", "steps",
-                "end_to_end_steps", "epochs", "chunk_data", "gossip_params", "inputs"):
+                "end_to_end_steps", "epochs", "chunk_data", "gossip_params", "inputs", "profile"):
         if getattr(args, key) is not None:
             setattr(s, key, getattr(args, key))
     run(s, args.out)
