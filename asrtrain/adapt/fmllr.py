@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
@@ -127,13 +128,18 @@ def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 50
     w = res.transforms[ok].clone()
     start = fmllr_objective(w, sub)
     objective = [start]
+    # the row sweeps in numpy on the host: ~20 small products a row, where torch's per-call
+    # cost was 3x numpy's on a CPU (and a GPU would only launch kernels)
+    w_np = w.cpu().numpy()
+    k_np, beta_np = sub.K.cpu().numpy(), sub.beta.cpu().numpy()
+    ginv_np = ginv.cpu().numpy()
     for _ in range(num_iters):
         # A^-1, exact at each iteration's start and kept by rank-one updates row to row
-        a_inv = torch.linalg.inv(w[:, :, :d])
+        a_inv = np.linalg.inv(w_np[:, :, :d])
         for i in range(d):
-            _update_row(w, i, sub, ginv[:, i], a_inv)
-        objective.append(fmllr_objective(w, sub))
-    res.transforms[ok] = w
+            _update_row(w_np, i, k_np, beta_np, ginv_np[:, i], a_inv)
+        objective.append(fmllr_objective(torch.from_numpy(w_np).to(w.device), sub))
+    res.transforms[ok] = torch.from_numpy(w_np).to(w.device)
     res.objective = [_scatter(o, ok) for o in objective]
     res.improvement = res.objective[-1] - res.objective[0]
     for j in torch.nonzero(ok).flatten().tolist():
@@ -142,28 +148,30 @@ def estimate_fmllr(stats: FmllrStats, num_iters: int = 40, min_count: float = 50
     return res
 
 
-def _update_row(w: torch.Tensor, i: int, stats: FmllrStats, ginv: torch.Tensor,
-                a_inv: torch.Tensor) -> None:
-    """Row ``i`` of every speaker's ``W`` to its optimum given the other rows (in place), and
-    ``a_inv`` (``A^-1``, ``[S, D, D]``) to the new ``A``'s inverse (in place): the row changes
-    ``A`` by ``e_i delta^T``, so Sherman-Morrison updates it in ``O(D^2)`` instead of Kaldi's
-    inversion of ``A`` at every row (``O(D^3)``)."""
-    d = stats.dim
-    cof = a_inv[:, :, i]                                         # row i of A^-T, [S, D]
-    p = torch.cat([cof, torch.zeros_like(cof[:, :1])], dim=1)    # [S, D+1]
-    k = stats.K[:, i]
-    gp = (ginv @ p[:, :, None]).squeeze(2)
-    e2 = (p * gp).sum(1)
-    e1 = (k * gp).sum(1)
-    disc = torch.sqrt(e1 * e1 + 4 * e2 * stats.beta)
-    roots = torch.stack([(-e1 - disc) / (2 * e2), (-e1 + disc) / (2 * e2)])   # [2, S]
-    auxf = stats.beta * torch.log(torch.abs(roots * e2 + e1)) - 0.5 * roots ** 2 * e2
-    alpha = torch.where(auxf[0] > auxf[1], roots[0], roots[1])
-    row = ((alpha[:, None] * p + k)[:, None, :] @ ginv).squeeze(1)           # [S, D+1]
-    delta = row[:, :d] - w[:, i, :d]
-    w[:, i] = row
-    v = (delta[:, None, :] @ a_inv).squeeze(1)                   # delta^T A^-1, [S, D]
-    a_inv -= (cof / (1.0 + v[:, i:i + 1]))[:, :, None] * v[:, None, :]
+def _update_row(w: np.ndarray, i: int, k_all: np.ndarray, beta: np.ndarray, ginv: np.ndarray,
+                a_inv: np.ndarray) -> None:
+    """Row ``i`` of every speaker's ``W`` (``[S, D, D+1]``) to its optimum given the other rows
+    (in place), and ``a_inv`` (``A^-1``, ``[S, D, D]``) to the new ``A``'s inverse (in place):
+    the row changes ``A`` by ``e_i delta^T``, so Sherman-Morrison updates it in ``O(D^2)``
+    instead of Kaldi's inversion of ``A`` at every row (``O(D^3)``). ``k_all``: ``K``,
+    ``ginv``: every speaker's ``G_i^-1``, ``[S, D+1, D+1]``."""
+    d = w.shape[1]
+    cof = a_inv[:, :, i].copy()                                  # row i of A^-T, [S, D]
+    p = np.zeros((len(w), 1, d + 1))
+    p[:, 0, :d] = cof
+    k = k_all[:, i:i + 1]                                        # [S, 1, D+1]
+    gp = ginv @ p.transpose(0, 2, 1)                             # [S, D+1, 1]
+    e2 = (p @ gp)[:, 0, 0]
+    e1 = (k @ gp)[:, 0, 0]
+    disc = np.sqrt(e1 * e1 + 4 * e2 * beta)
+    roots = np.stack([(-e1 - disc) / (2 * e2), (-e1 + disc) / (2 * e2)])      # [2, S]
+    auxf = beta * np.log(np.abs(roots * e2 + e1)) - 0.5 * roots ** 2 * e2
+    alpha = np.where(auxf[0] > auxf[1], roots[0], roots[1])
+    row = (alpha[:, None, None] * p + k) @ ginv                  # [S, 1, D+1]
+    delta = row[:, :, :d] - w[:, i:i + 1, :d]                    # [S, 1, D]
+    w[:, i] = row[:, 0]
+    v = delta @ a_inv                                            # delta^T A^-1, [S, 1, D]
+    a_inv -= (cof / (1.0 + v[:, 0, i:i + 1]))[:, :, None] * v
 
 
 def _inverse_g(g: torch.Tensor, names: list[str]) -> torch.Tensor:
