@@ -69,7 +69,7 @@ smoke: install system-deps
 # of them. Fresh clones on an idle 2-core machine: one process (0) 32 min 41 s (22e73d0); 2
 # workers 19 min 32 s (4406aa8) and 22 min 6 s (f438670); 3 workers 18 min 35 s (d6f19d8): the
 # suite is CPU-bound (~32-36 CPU-min), so more than 2 gain little. 2 workers with the CLI
-# commands forked warm (tests/forked_cli.py): 17 min 15 s (fa2fd77); 18 min 24 s (671c369);
+# commands forked warm (bench/forked_cli.py): 17 min 15 s (fa2fd77); 18 min 24 s (671c369);
 # with the SLURM arrays of nj tasks and the merged fault tests 15 min 33 s (710c7b4, all
 # passed; 14 min 32 s and 14 min 51 s in two runs before it that had flaky failures); 15 min
 # 12 s (42b3c4a) and, with one more SLURM test and the files in SLOW_FIRST's order, 15 min 57 s

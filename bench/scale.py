@@ -8,9 +8,11 @@ with `nj` jobs: prepare, lang, lm, features, mfcc, align (mono, tri1, tri3 LDA+M
 few iterations), ivectors, train_hybrid (one epoch of a small BLSTM on the 260-dim input),
 decode_hybrid. Per stage it records wall time, CPU time, the peak RSS of its largest process,
 and its parallel fraction: the share of its CPU time spent in child processes (the jobs) rather
-than in the stage process itself. The stage runs under a small wrapper that reports, at exit,
-its own `getrusage(RUSAGE_SELF)` and `RUSAGE_CHILDREN`; `os.wait4` gives the total. Children
-are counted as parallel jobs; the stage process's own threads are not.
+than in the stage process itself. Each stage's process is forked warm (bench/forked_cli.py:
+from a fork server that imported torch and the stages once, as a stage process at scale pays
+that once, not per hour of data) and reports, at its end, its own `getrusage(RUSAGE_SELF)` and
+`RUSAGE_CHILDREN`. Children are counted as parallel jobs; the stage process's own threads are
+not.
 
 The projection, for a reference node (--cores 64, --memory-gb 512, --gpus 8) running the jobs
 of the Switchboard recipes (nj 32, recipes/swb300), counts each part where it runs: per stage,
@@ -30,6 +32,7 @@ times say more about the neighbours than about the code).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -38,8 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import forked_cli  # bench/forked_cli.py: commands forked warm
 import small  # bench/small.py: the suite's small settings
 
 from asrtrain.fileio import atomic_open, write_text
@@ -87,28 +92,6 @@ REFERENCE = {"cores": 64, "memory_gb": 512, "gpus": 8}
 
 
 # ------------------------------------------------------------------------------ measuring
-#: Runs the CLI in this process and, at exit, writes its own and its children's rusage: the
-#: split between the stage process and its jobs (forked jobs exit with os._exit: no report).
-STAGE_RUNNER = r"""
-import atexit, json, os, resource, runpy, sys
-report, pid = sys.argv[1], os.getpid()
-
-def _report():
-    if os.getpid() != pid:
-        return
-    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    with open(report, "w") as f:
-        json.dump({"self_cpu_s": me.ru_utime + me.ru_stime,
-                   "children_cpu_s": kids.ru_utime + kids.ru_stime,
-                   "self_rss_mb": me.ru_maxrss / 1024, "children_rss_mb": kids.ru_maxrss / 1024},
-                  f)
-
-atexit.register(_report)
-sys.argv = ["asrtrain", *sys.argv[2:]]
-runpy.run_module("asrtrain.cli", run_name="__main__", alter_sys=True)
-"""
-
-
 def process_tree(pid: int) -> list[int]:
     """``pid`` and its descendants alive now (from /proc; [pid] where /proc cannot say)."""
     out, todo = [], [pid]
@@ -138,54 +121,71 @@ def anon_mb(pid: int) -> float:
     return 0.0
 
 
-def measured(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> dict:
-    """Run cmd; its wall time, CPU time and peak RSS (of it and the children it waited for),
-    and ``peak_anon_mb``: the peak private RSS of its largest process, sampled every
-    poll (so a peak shorter than that can be missed); of that, ``peak_anon_self_mb`` of the
-    process itself (the stage's) and ``peak_anon_jobs_mb`` of its largest descendant."""
+def watch(pid: int, finished: Callable[[], bool], log: Path, timeout: float) -> dict:
+    """Wait until ``finished()``, sampling every 50 ms ``peak_anon_mb``: the peak private RSS
+    of the largest process of ``pid``'s tree (so a peak shorter than that can be missed); of
+    that, ``peak_anon_self_mb`` of ``pid`` itself (the stage's) and ``peak_anon_jobs_mb`` of its
+    largest descendant. Past ``timeout`` (a hang) its process group is killed."""
     start = time.perf_counter()
     peak_anon = peak_self = peak_kids = 0.0
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
-        deadline, timed_out = start + timeout, False
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            tree = process_tree(proc.pid)
-            own, kids = anon_mb(tree[0]), max(map(anon_mb, tree[1:]), default=0.0)
-            peak_self, peak_kids = max(peak_self, own), max(peak_kids, kids)
-            peak_anon = max(peak_anon, own, kids)
-            if time.perf_counter() > deadline:   # a hang: the stage and its workers go
-                os.killpg(proc.pid, signal.SIGKILL)
-                _pid, status, usage = os.wait4(proc.pid, 0)
+    timed_out = False
+    while not finished():
+        tree = process_tree(pid)
+        own, kids = anon_mb(tree[0]), max(map(anon_mb, tree[1:]), default=0.0)
+        peak_self, peak_kids = max(peak_self, own), max(peak_kids, kids)
+        peak_anon = max(peak_anon, own, kids)
+        if not timed_out and time.perf_counter() > start + timeout:   # the stage, its workers
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with open(log, "ab") as out:
                 out.write(f"\nbench/scale.py: killed after {timeout:.0f} s\n".encode())
-                timed_out = True
-                break
-            time.sleep(0.05)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024, "peak_anon_mb": peak_anon,
+            timed_out = True
+        time.sleep(0.05)
+    return {"wall_s": time.perf_counter() - start, "peak_anon_mb": peak_anon,
             "peak_anon_self_mb": peak_self, "peak_anon_jobs_mb": peak_kids,
-            "returncode": proc.returncode,
             "timed_out": timed_out}
 
 
+def measured(cmd: list[str], log: Path, timeout: float) -> dict:
+    """Run ``cmd`` as a new process; its wall time, CPU time and peak RSS (of it and the
+    children it waited for, ``os.wait4``) and :func:`watch`'s private-memory peaks."""
+    ended: dict = {}
+
+    def finished() -> bool:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            ended.update(status=status, usage=usage)
+        return bool(pid)
+
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    m = watch(proc.pid, finished, log, timeout)
+    usage = ended["usage"]
+    return {**m, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
+            "returncode": os.waitstatus_to_exitcode(ended["status"])}
+
+
 def measure_stage(args_cli: list[str], log: Path, timeout: float) -> dict:
-    """One stage under STAGE_RUNNER: total CPU (os.wait4), split into the stage process's own
-    and its jobs' (``parallel_fraction`` = jobs' share), peak RSS of the largest process."""
+    """One ``asrtrain`` command forked warm (bench/forked_cli.py: the interpreter, torch and
+    the stages imported once for all of them, as a stage process at scale pays once): its
+    total CPU, split into the stage process's own and its jobs' (``parallel_fraction`` = the
+    jobs' share), and the peak RSS of the largest process (``getrusage`` of the process and of
+    the children it waited for, which it reports at its end)."""
     report = log.with_suffix(".rusage.json")
     report.unlink(missing_ok=True)
-    m = measured([sys.executable, "-c", STAGE_RUNNER, str(report), *args_cli], log, timeout,
-                 env={"PYTHONUNBUFFERED": "1"})
+    proc = forked_cli.start(*args_cli, log=log, report=report)
+    m = watch(proc.pid, lambda: proc.exitcode is not None, log, timeout)
+    m["returncode"] = proc.exitcode
     if report.is_file():
         own = json.loads(report.read_text())
-        m["self_cpu_s"] = min(own["self_cpu_s"], m["cpu_s"])
-        m["self_rss_mb"], m["children_rss_mb"] = own["self_rss_mb"], own["children_rss_mb"]
-    else:   # killed or died before its exit handlers: all of it counted as the process's own
-        m["self_cpu_s"], m["self_rss_mb"], m["children_rss_mb"] = m["cpu_s"], m["peak_rss_mb"], 0
-    m["children_cpu_s"] = max(m["cpu_s"] - m["self_cpu_s"], 0.0)
+    else:   # killed or died before its end: nothing measured
+        own = {"self_cpu_s": 0.0, "children_cpu_s": 0.0, "self_rss_mb": 0.0,
+               "children_rss_mb": 0.0}
+    m["self_cpu_s"], m["children_cpu_s"] = own["self_cpu_s"], own["children_cpu_s"]
+    m["cpu_s"] = m["self_cpu_s"] + m["children_cpu_s"]
+    m["self_rss_mb"], m["children_rss_mb"] = own["self_rss_mb"], own["children_rss_mb"]
+    m["peak_rss_mb"] = max(own["self_rss_mb"], own["children_rss_mb"])
     m["parallel_fraction"] = m["children_cpu_s"] / m["cpu_s"] if m["cpu_s"] > 0 else 0.0
     return m
 

@@ -4,7 +4,7 @@ The suite is CPU-bound (Makefile, TEST_WORKERS): its time on 2 cores is its CPU 
 ~1.8. This groups every process that started during a run by what it is, its name and whether
 it was forked or exec'd, and its parent's: torchrun's learners (``learner-RANK``, forked by
 the fork server of asrtrain/distributed/warm.py; or ``python`` exec'd by a process torch
-renamed ``pt_elastic``, its agent), forked commands (tests/forked_cli.py, job pools), and
+renamed ``pt_elastic``, its agent), forked commands (bench/forked_cli.py, job pools), and
 so on::
 
     apt-get install acct && accton /var/log/account/pacct     # as root, once

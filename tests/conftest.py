@@ -18,7 +18,7 @@ passes once in each worker that uses them.
 They are read-only in every test; a test that changes one works on a copy (:func:`copy_exp`).
 
 Commands: a test that runs ``python -m asrtrain.cli`` for its contract calls
-``forked_cli.run`` (tests/forked_cli.py: a process of its own, forked warm from a fork server);
+``forked_cli.run`` (bench/forked_cli.py: a process of its own, forked warm from a fork server);
 tests that signal a run or read it while it runs start real processes with :mod:`subprocess`.
 """
 
@@ -28,10 +28,16 @@ import os
 import sys
 from pathlib import Path
 
-import forked_cli
 import numpy as np
 import pytest
 import soundfile
+
+# bench/ on the path: bench/small.py (the small settings), bench/forked_cli.py (warm commands),
+# bench/synthetic.py (the synthetic learner of the distributed tests and the benchmarks)
+if str(Path(__file__).resolve().parents[1] / "bench") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import forked_cli  # noqa: E402  (bench/forked_cli.py)
 
 #: ``cpu`` (the default: GPUs hidden) or ``cuda`` (only the tests marked ``cuda`` run).
 TEST_DEVICE = os.environ.get("ASRTRAIN_TEST_DEVICE", "cpu")
@@ -62,9 +68,6 @@ def _no_reads_outside(event: str, args: tuple) -> None:
 
 
 sys.addaudithook(_no_reads_outside)
-# bench/synthetic.py, the synthetic learner of the distributed tests and the benchmarks
-if str(REPO / "bench") not in sys.path:
-    sys.path.insert(0, str(REPO / "bench"))
 
 
 def write_datadir(root: Path, n_speakers: int = 2, utts_per_speaker: int = 3,

@@ -238,6 +238,25 @@ def test_fmllr_recovers_the_inverse_of_a_known_affine_transform() -> None:
     assert res.fallback == []
 
 
+@pytest.mark.cuda
+def test_fmllr_statistics_on_cuda_give_the_cpu_transforms(device: torch.device) -> None:
+    """Statistics kept on a GPU (``align.passes.<pass>.device=cuda``): the row sweeps run on
+    the host, and the transforms and objectives come back on the statistics' device, equal to
+    the CPU's."""
+    stats = FmllrStats.zeros(2, 5)
+    for spk in range(2):
+        gmm, x, comp, a0, b0 = _fmllr_setup(seed=10 + spk)
+        post = torch.nn.functional.one_hot(comp, 12).to(F64)
+        m, v = gmm.means[0].expand(len(x), -1, -1), gmm.vars[0].expand(len(x), -1, -1)
+        stats.accumulate(x @ a0.T + b0, FrameGaussians(post, m, v), spk)
+    on_gpu = FmllrStats(stats.beta.to(device), stats.K.to(device), stats.G.to(device))
+    cpu, gpu = estimate_fmllr(stats), estimate_fmllr(on_gpu)
+    assert gpu.transforms.device.type == device.type
+    assert gpu.objective[-1].device.type == device.type
+    assert float((gpu.transforms.cpu() - cpu.transforms).abs().max()) < 1e-9
+    assert float((gpu.improvement.cpu() - cpu.improvement).abs().max()) < 1e-9
+
+
 def test_fmllr_from_model_posteriors_as_train_sat_does() -> None:
     """Posteriors from the model on the currently transformed features, a transform estimated
     on those, composed with the old one (``train_sat.sh``'s loop): converges to the inverse."""

@@ -61,7 +61,7 @@ def start(exp: Path, *extra: str) -> subprocess.Popen:
 
 
 def run(exp: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The same command run to its end, warm (tests/forked_cli.py: a process of its own)."""
+    """The same command run to its end, warm (bench/forked_cli.py: a process of its own)."""
     return forked_cli.run(*command(exp, *extra)[3:], timeout=HANG_GUARD)
 
 

@@ -20,6 +20,11 @@ Tests that signal or kill a run, or read its output while it runs, start real pr
 :mod:`subprocess` (tests/test_faults.py, tests/test_console.py, ...), and tests/test_cli.py runs
 the installed console script: those are the contracts this shortcut cannot show. This module is
 a plain module (no pytest), so the fork server imports it without the suite's conftest.
+
+:func:`start` is the same child for a caller that watches it run (bench/scale.py measures each
+stage so): its output appended to a log, a session of its own (``os.killpg`` ends it and its
+jobs), and, at its end, its own and its children's ``getrusage`` in a JSON report (a fork
+server's child is not the caller's to ``wait4``).
 """
 
 from __future__ import annotations
@@ -55,10 +60,7 @@ def run(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None
     ``check``: a non-zero exit status fails the test with the command and its stderr's end."""
     args = [str(a) for a in args]
     command = [sys.executable, "-m", "asrtrain.cli", *args]
-    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    if env.get("PYTHONHASHSEED") != os.environ.get("PYTHONHASHSEED"):
-        raise ValueError("forked_cli.run: a forked process keeps its fork server's hash seed "
-                         "(this process's PYTHONHASHSEED); start one with subprocess for another")
+    env = _child_env(env)
     with tempfile.TemporaryDirectory(prefix="asrtrain-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         proc = _context.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)),
@@ -78,19 +80,55 @@ def run(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None
     return subprocess.CompletedProcess(command, proc.exitcode, stdout, stderr)
 
 
-def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """In the forked process: become ``python -m asrtrain.cli ARGS`` and end as it would."""
+def start(*args: str, log: str | Path, report: str | Path, cwd: str | Path = REPO,
+          env: Mapping[str, str] | None = None) -> multiprocessing.process.BaseProcess:
+    """``python -m asrtrain.cli ARGS`` started warm and not waited for: stdout and stderr
+    appended to ``log``, in a session of its own (its pid is its process group's), and at its
+    end ``report`` holds ``{"self_cpu_s", "children_cpu_s", "self_rss_mb", "children_rss_mb"}``
+    (``getrusage`` of itself and of the children it waited for: its jobs). The caller joins
+    the returned process (``exitcode``), or kills its group."""
+    args = [str(a) for a in args]
+    env = _child_env(env)
+    proc = _context.Process(target=_child, args=(args, str(cwd), env, str(log), str(log)),
+                            kwargs={"report": str(report)}, name="asrtrain-cli")
+    proc.start()
+    return proc
+
+
+def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The child's environment: ``env`` (default: this process's), unbuffered output."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    if env.get("PYTHONHASHSEED") != os.environ.get("PYTHONHASHSEED"):
+        raise ValueError("forked_cli: a forked process keeps its fork server's hash seed "
+                         "(this process's PYTHONHASHSEED); start one with subprocess for another")
+    return env
+
+
+def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
+           report: str | None = None) -> None:
+    """In the forked process: become ``python -m asrtrain.cli ARGS`` and end as it would
+    (``out`` == ``err``: both appended to that file, in a session of its own; ``report``: the
+    rusage JSON of :func:`start`, written last)."""
     import atexit
     import io
+    import json
+    import resource
     import signal
     import threading
     import traceback
     import warnings
 
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
+    if out == err:   # start(): one log, appended, and a session of its own
+        os.setsid()
+        target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for fd in (1, 2):
+            os.dup2(target, fd)
         os.close(target)
+    else:
+        for fd, path in ((1, out), (2, err)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                   write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
@@ -127,6 +165,14 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -
         code = 1
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    if report is not None:
+        me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                    resource.RUSAGE_CHILDREN))
+        with open(report, "w") as f:
+            json.dump({"self_cpu_s": me.ru_utime + me.ru_stime,
+                       "children_cpu_s": kids.ru_utime + kids.ru_stime,
+                       "self_rss_mb": me.ru_maxrss / 1024,
+                       "children_rss_mb": kids.ru_maxrss / 1024}, f)
     if code == -signal.SIGINT:   # Python ends an uncaught Ctrl-C by the signal itself
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
