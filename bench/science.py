@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import forked_cli  # bench/forked_cli.py: commands forked warm
 import torch
 
 from asrtrain.fileio import atomic_open, write_text
@@ -181,8 +182,11 @@ def ensure_exp(exp: Path, corpus: list[str] | None = None) -> list[str]:
         return overrides
     print(f"making features and alignments in {exp} (asrtrain run)", flush=True)
     for span in (["--to", "features"], ["--stage", "lm", "--to", "align"]):
-        subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", str(RECIPE), *overrides,
-                        *span], cwd=REPO, check=True)
+        proc = forked_cli.run("run", str(RECIPE), *overrides, *span, timeout=None)
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        if proc.returncode:
+            raise SystemExit(f"bench/science.py: asrtrain run {' '.join(span)} failed")
     return overrides
 
 
@@ -501,9 +505,9 @@ def real_run(base: list[str], plan: Plan, point: dict, exp: Path, tag: str) -> d
     logs = [exp / "log" / "train.log", exp / "log" / "train_hybrid.log"]
     offsets = [p.stat().st_size if p.exists() else 0 for p in logs]
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "asrtrain.cli", "run", str(RECIPE), *overrides,
-                           "--stage", "train_hybrid", "--to", "train_hybrid", "--force",
-                           "train_hybrid"], cwd=REPO, capture_output=True, text=True)
+    # forked warm (bench/forked_cli.py): the wall time is the run's, not the interpreter's start
+    proc = forked_cli.run("run", str(RECIPE), *overrides, "--stage", "train_hybrid", "--to",
+                          "train_hybrid", "--force", "train_hybrid", timeout=None)
     wall = time.perf_counter() - start
     if proc.returncode:
         raise SystemExit(f"bench/science.py: real run {tag} failed:\n{proc.stderr[-3000:]}")
