@@ -65,7 +65,7 @@ for p in $PARTS; do
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\")'; nproc" ;;
     cuda_tests)
         part cuda_tests "${CUDA_TESTS_LIMIT:-240}" env ASRTRAIN_TEST_DEVICE=cuda "$PY" -m pytest -m cuda -p no:cacheprovider \
-            -q -rs tests/test_precision.py tests/test_store.py tests/test_models.py tests/test_train_single.py tests/test_adapt.py \
+            -q -rs tests/test_precision.py tests/test_store.py tests/test_models.py tests/test_adapt.py \
             tests/test_gossip_stream.py ;;
     tiny_gpu)
         # TINY_TAR: exp/tiny's upstream stages as `make smoke` wrote them here, archived from /

@@ -1,7 +1,6 @@
 """The trainer loop, checkpoints, resume and CTC decoding with one learner on real arks."""
 
 import logging
-import math
 from pathlib import Path
 
 import kaldiio
@@ -20,7 +19,7 @@ from asrtrain.lang.bpe import train_units
 from asrtrain.recipe import compose_recipe
 from asrtrain.train import checkpoint
 from asrtrain.train.curves import read_scalars
-from asrtrain.train.trainer import _HostScalar, train
+from asrtrain.train.trainer import train
 
 RECIPE = """
 defaults:
@@ -131,33 +130,6 @@ def test_nan_features_stop_with_rank_and_utterances(exp: Path, tmp_path: Path) -
             train(cfg, SingleProcessBackend())
     finally:
         (exp / "data" / "bad").unlink()
-
-
-def _host_scalar_reads_the_queued_value(device: torch.device) -> None:
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(1024, 1024, generator=g).to(device)
-    for _ in range(20):  # work queued ahead of the value on a GPU
-        x = torch.tanh(x @ x / 32)
-    loss = x.sum()
-    host = _HostScalar(loss)
-    torch.tanh(x @ x)  # more work queued behind the copy: the read does not wait for it
-    assert host.value() == pytest.approx(float(loss), rel=1e-6)
-    assert math.isnan(_HostScalar(torch.full((), float("nan"), device=device)).value())
-    assert math.isinf(_HostScalar(torch.full((), float("inf"), device=device)).value())
-    if device.type == "cuda":  # copied behind the queue into pinned host memory
-        assert host._value.device.type == "cpu" and host._value.is_pinned()
-
-
-def test_host_scalar_reads_the_loss(device: torch.device) -> None:
-    """The trainer reads each step's loss through ``_HostScalar`` (after queueing the backward
-    pass): the value is the loss's, NaN and inf included."""
-    _host_scalar_reads_the_queued_value(device)
-
-
-@pytest.mark.cuda
-def test_host_scalar_reads_the_loss_on_cuda(device: torch.device) -> None:
-    """On a GPU the value comes through pinned memory once the copy's event is reached."""
-    _host_scalar_reads_the_queued_value(device)
 
 
 def test_a_single_learner_logs_no_consensus_distance(exp: Path, tmp_path: Path, caplog) -> None:

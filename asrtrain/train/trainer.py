@@ -276,29 +276,6 @@ def _load_learner_state(run: _Run, epoch: int) -> None:
         run.optimizer.load_state_dict(learner)
 
 
-class _HostScalar:
-    """A scalar tensor's value, read when it is needed. On a GPU the value is copied to pinned
-    host memory behind the work queued so far and an event marks the copy's end, so the CPU can
-    queue more (the backward pass) before it waits for the forward pass; each step's one wait
-    then overlaps the GPU's work instead of draining its queue."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        t = t.detach()
-        self._ready: torch.cuda.Event | None = None
-        if t.device.type == "cuda":
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record(torch.cuda.current_stream(t.device))
-            t = host
-        self._value = t
-
-    def value(self) -> float:
-        if self._ready is not None:
-            self._ready.synchronize()
-        return float(self._value)
-
-
 def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
                  schedule: LRSchedule) -> _Epoch:
     """The steps of one epoch, from global step ``step``."""
@@ -320,13 +297,12 @@ def _train_epoch(run: _Run, epoch: int, step: int, per_epoch: int,
         optimizer.zero_grad(set_to_none=False)
         with autocast(backend.device, tcfg.precision):
             loss = run.task.loss(model, batch)
-        loss_host = _HostScalar(loss)
-        loss.backward()  # queued before the loss is read: on a GPU the CPU does not wait idle
-        loss_value = loss_host.value()
-        if not math.isfinite(loss_value):  # before any learner sees this step's gradients
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
             raise AsrtrainError(
                 f"rank {backend.rank}: non-finite loss {loss_value} at epoch {epoch} step "
                 f"{step}{_batch_names(batch)}: lower trainer.lr or check the features")
+        loss.backward()
         backend.after_backward(step)
         if tcfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
