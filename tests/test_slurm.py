@@ -63,9 +63,11 @@ def slurm_cluster() -> str:
 @pytest.fixture
 def importable_tests(monkeypatch) -> None:
     """This module importable in the jobs (a fresh interpreter on the node, with the submitting
-    environment): the jobs below are its functions, pickled by reference as any job is."""
+    environment): the jobs below are its functions, pickled by reference as any job is; and
+    bench/, which it imports from (bench/forked_cli.py), as conftest has it for the suite."""
     path = os.environ.get("PYTHONPATH", "")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO / "tests"), path) if p))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(REPO / "tests"), str(REPO / "bench"), path) if p))
 
 
 def _square_and_threads(x: int) -> tuple[int, int]:
