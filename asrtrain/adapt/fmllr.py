@@ -69,7 +69,8 @@ class FmllrStats:
             xs = xi[sel]
             self.beta[s] += post[sel].sum()
             self.K[s] += mean_term[sel].T @ xs
-            tri = prec_term[sel].T @ (xs[:, up] * xs[:, lo])                # [D, (D+1)(D+2)/2]
+            pairs = torch.index_select(xs, 1, up) * torch.index_select(xs, 1, lo)
+            tri = prec_term[sel].T @ pairs                                  # [D, (D+1)(D+2)/2]
             g = torch.empty_like(self.G[s])
             g[:, up, lo] = tri
             g[:, lo, up] = tri

@@ -75,8 +75,10 @@ def _viterbi_longest_first(graphs: list[HmmGraph], acoustics_of: list[torch.Tens
     start, final = cat("start").float(), cat("final").float()
     utt_of_state = torch.from_numpy(np.repeat(np.arange(len(graphs)),
                                               np.diff(offsets))).to(device)
-    # acoustic score of every state at every frame (frames past an utterance's end stay 0)
-    acoustics = torch.zeros(t_max, total, device=device)
+    # acoustic score of every state at every frame of its utterance (the frames past an
+    # utterance's end are never read: the search runs on the running prefix only, the
+    # backtrace within each utterance's length; left unset, their pages are never touched)
+    acoustics = torch.empty(t_max, total, device=device)
     for i, ll in enumerate(acoustics_of):
         acoustics[:lengths[i], offsets[i]:offsets[i + 1]] = ll.to(device).float()
     # incoming arcs of every state padded to the largest in-degree: one gather, one max per frame
