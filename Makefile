@@ -77,6 +77,8 @@ smoke: install system-deps
 # CPU-s about a third was its ~160 torchrun learners importing torch (bench/suite_cpu.py); with
 # the learners forked warm (asrtrain/distributed/warm.py) 16 min 10 s (4ca8168, all passed):
 # 1,676 CPU-s, the learners' part 348 (132 learners 152, their 43 fork servers 196).
+# Another day's host, slower: 14 min 21 s at 4c0697b (1,563 CPU-s); with bench/scale.py's
+# stages forked warm and a faster fMLLR, 13 min 14 s at 03f0bd6 (all passed, 1,436 CPU-s).
 # 0: one process (-n 0).
 TEST_WORKERS ?= 2
 test: install system-deps
