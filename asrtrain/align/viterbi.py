@@ -110,18 +110,22 @@ def _viterbi_longest_first(graphs: list[HmmGraph], acoustics_of: list[torch.Tens
     srcs = [in_src[:, k].contiguous() for k in range(k_max)]
     weights = [in_w[:, k].contiguous() for k in range(k_max)]
     best, cand, arg, up = (torch.empty(total, device=device) for _ in range(4))
+    views_of = -1
     for t in range(1, t_max):
         n = prefix[t]
-        b, c, a, u = best[:n], cand[:n], arg[:n], up[:n]
-        torch.index_select(score, 0, srcs[0][:n], out=b).add_(weights[0][:n])
+        if n != views_of:   # the prefix shrinks only as utterances end: its views made then
+            views_of = n
+            b, c, a, u, head = best[:n], cand[:n], arg[:n], up[:n], score[:n]
+            src_n, weight_n = [s[:n] for s in srcs], [w[:n] for w in weights]
+        torch.index_select(score, 0, src_n[0], out=b).add_(weight_n[0])
         a.zero_()
         for k in range(1, k_max):
-            torch.index_select(score, 0, srcs[k][:n], out=c).add_(weights[k][:n])
+            torch.index_select(score, 0, src_n[k], out=c).add_(weight_n[k])
             torch.lt(b, c, out=u)                        # 1.0 where slot k is strictly better
             torch.maximum(a, u.mul_(k), out=a)           # k exceeds every earlier slot
             torch.maximum(b, c, out=b)
         back[t, :n] = a
-        score[:n] = b + acoustic_scale * acoustics[t, :n]
+        torch.add(b, acoustic_scale * acoustics[t, :n], out=head)
     score = score[:total]
     end = score + final
     best_end = torch.full((len(graphs),), neg_inf, device=device).scatter_reduce(
