@@ -110,41 +110,13 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
     (``out`` == ``err``: both appended to that file, in a session of its own; ``report``: the
     rusage JSON of :func:`start`, written last)."""
     import atexit
-    import io
     import json
     import resource
     import signal
     import threading
     import traceback
-    import warnings
 
-    if out == err:   # start(): one log, appended, and a session of its own
-        os.setsid()
-        target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for fd in (1, 2):
-            os.dup2(target, fd)
-        os.close(target)
-    else:
-        for fd, path in ((1, out), (2, err)):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                  write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    # PYTHONPATH as a new interpreter would put it on sys.path (the server's is its start's)
-    extra = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in sys.path]
-    sys.path[1:1] = extra
-    sys.argv = [str(REPO / "asrtrain" / "cli.py"), *args]
-    warnings.resetwarnings()
-    for action, category, module in reversed(DEFAULT_WARNINGS):
-        warnings.filterwarnings(action, category=category, module=module)
-    _threads_as_started(env)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    become(args, cwd, env, out, err)
     code: int | str | None = 0
     try:
         from asrtrain.cli import main
@@ -177,6 +149,52 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code or 0)
+
+
+def become(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The forked child made ``python -m asrtrain.cli ARGS`` as started: its output, environment,
+    working folder, path, argv, warning filters, signals and thread counts; ``asrtrain run``'s
+    learner fork server started first (tests/test_warm.py checks it)."""
+    import io
+    import signal
+    import warnings
+
+    if out == err:   # start(): one log, appended, and a session of its own
+        os.setsid()
+        target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for fd in (1, 2):
+            os.dup2(target, fd)
+        os.close(target)
+    else:
+        for fd, path in ((1, out), (2, err)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                  write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    # PYTHONPATH as a new interpreter would put it on sys.path (the server's is its start's)
+    extra = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in sys.path]
+    sys.path[1:1] = extra
+    sys.argv = [str(REPO / "asrtrain" / "cli.py"), *args]
+    warnings.resetwarnings()
+    for action, category, module in reversed(DEFAULT_WARNINGS):
+        warnings.filterwarnings(action, category=category, module=module)
+    if args[:1] == ["run"] and not {"--dry-run", "--show-config"} & set(args):
+        # what `asrtrain run` does first (its own call then finds this one), done here before
+        # the thread counts: a BLAS count lowered in a fork (from this server's) leaves an
+        # OpenBLAS worker behind, and torch's set_num_threads starts its OpenMP pool, and with
+        # either thread the command could not fork it: multiprocessing then started a new
+        # interpreter for it, ~8 CPU-s of imports for each command that trains
+        from asrtrain.distributed.warm import start_fork_server
+
+        start_fork_server()
+    _threads_as_started(env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _threads_as_started(env: Mapping[str, str]) -> None:

@@ -138,3 +138,26 @@ def test_a_launcher_with_threads_does_not_fork_its_fork_server() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["blas only True", "a thread False",
                                         "an OpenMP pool False"], proc.stdout
+
+
+
+@pytest.mark.parametrize("omp", [None, "1"])
+def test_a_command_the_tests_fork_forks_its_own_fork_server(tmp_path: Path,
+                                                            omp: str | None) -> None:
+    """bench/forked_cli.py's commands are children of a warm fork server that take torch's and
+    BLAS's thread counts from their environment, as a new process does. Done before ``asrtrain
+    run`` forks its learners' fork server, that left a thread (torch's OpenMP pool, an OpenBLAS
+    worker) that kept it from forking: every training command of the suite had
+    multiprocessing start a new interpreter instead, importing torch and the trainer (27 of
+    them, 221 CPU-s, in a fresh clone's suite: bench/suite_cpu.py)."""
+    import forked_cli
+    from warm_probe import as_a_forked_command
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+    proc = forked_cli._context.Process(target=as_a_forked_command,
+                                       args=(env, str(tmp_path / "log")))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0, f"exit status {proc.exitcode} (3: not forked from the command)"

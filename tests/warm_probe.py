@@ -47,3 +47,18 @@ def _learner() -> None:
 if __name__ == "__main__":
     _learner()
     sys.exit(0)
+
+
+
+def as_a_forked_command(env: dict[str, str], log: str) -> None:
+    """In a child of bench/forked_cli.py's fork server: become ``asrtrain run`` as its commands
+    do, then exit 0 if this process's learner fork server is the one forked from it
+    (asrtrain.distributed.warm), 3 if it is not."""
+    import multiprocessing.forkserver
+
+    import forked_cli  # bench/ (the suite's path)
+
+    forked_cli.become(["run", "recipes/tiny"], os.getcwd(), env, log, log)
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    ok = pid is not None and Path(f"/proc/{pid}/comm").read_text().strip() == "asrtrain-fork"
+    os._exit(0 if ok else 3)
