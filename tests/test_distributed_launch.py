@@ -79,3 +79,31 @@ def test_a_node_alone_at_the_rendezvous_is_one_line_naming_who_is_missing(
     assert line.startswith(f"node {node_rank} of 2: the rendezvous at 127.0.0.1:{port} failed")
     assert said in line and "\n" not in line
     assert not list(tmp_path.glob("rank*.json"))  # no learner ran
+
+
+def test_rendezvous_event_names_are_torchs_without_its_stack_walk() -> None:
+    """launch() swaps torchrun's ``dynamic_rendezvous.get_method_name`` (inspect.stack(), which
+    reads the source of every frame) for a frame lookup: the same names, at every depth, and
+    torch still calls it where the swap reaches it."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from asrtrain.distributed.launch import cheap_rendezvous_names, method_name
+
+    def recorder(depth: int) -> tuple[str, str]:   # as _record calls it: from a method
+        return dynamic_rendezvous.get_method_name(depth), method_name(depth)
+
+    def caller(depth: int) -> tuple[str, str]:
+        return recorder(depth)
+
+    for depth in (1, 2, 3, 10_000):   # 0 is the function itself
+        torch_name, ours = caller(depth)
+        assert ours == torch_name, (depth, ours, torch_name)
+    assert caller(2)[1] == "caller" and caller(10_000)[1] == "no_method_name"
+    source = inspect.getsource(dynamic_rendezvous)
+    assert source.count("get_method_name()") >= 3, "torch no longer names its events so"
+    before = dynamic_rendezvous.get_method_name
+    with cheap_rendezvous_names():
+        assert dynamic_rendezvous.get_method_name is method_name
+    assert dynamic_rendezvous.get_method_name is before

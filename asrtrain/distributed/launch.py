@@ -10,11 +10,13 @@ default: :func:`asrtrain.distributed.comm.cpu_threads`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 
 from asrtrain import AsrtrainError
 from asrtrain.distributed.comm import cpu_threads
@@ -92,7 +94,7 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
     # says what matters in one line.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        with warm_handlers():
+        with warm_handlers(), cheap_rendezvous_names():
             run(args)
     except ChildFailedError as e:
         raise AsrtrainError(failure_message(e)) from e
@@ -107,6 +109,33 @@ def launch(argv: Sequence[str], learners: int, nnodes: int = 1, node_rank: int =
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def cheap_rendezvous_names() -> Iterator[None]:
+    """While inside, torchrun's rendezvous names its events' methods from the frame itself.
+
+    ``dynamic_rendezvous.get_method_name`` calls :func:`inspect.stack` twice for each event it
+    records (a dozen a launch), and that reads the source file of every frame of the launcher's
+    stack: 0.8 CPU-s a launch here, for a name that goes to torchrun's event log. This one
+    returns the same name (``tests/test_distributed_launch.py`` compares them)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous.get_method_name
+    dynamic_rendezvous.get_method_name = method_name
+    try:
+        yield
+    finally:
+        dynamic_rendezvous.get_method_name = original
+
+
+def method_name(depth: int = 2) -> str:
+    """``inspect.stack()[depth].function`` (frame 0 is this call's own), or torch's
+    ``"no_method_name"`` where the stack is not that deep."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
 
 
 def rendezvous_message(error: BaseException, nnodes: int, node_rank: int,
