@@ -16,9 +16,13 @@ non-daemon threads a new interpreter ends with. What it returns is a
 :class:`subprocess.CompletedProcess`, and a run past ``timeout`` is killed and raises
 :class:`subprocess.TimeoutExpired`, as :func:`subprocess.run` does.
 
-Tests that signal or kill a run, or read its output while it runs, start real processes with
-:mod:`subprocess` (tests/test_faults.py, tests/test_console.py, ...), and tests/test_cli.py runs
-the installed console script: those are the contracts this shortcut cannot show. This module is
+:func:`popen` is the same child for a test that signals or kills the run while it runs
+(tests/test_faults.py, tests/test_straggler.py): a session of its own, and the part of
+:class:`subprocess.Popen` those tests use. Tests that read a run's output while it runs, or need
+a new interpreter (its hash seed, its warnings at import, a network namespace), start real
+processes with :mod:`subprocess` (tests/test_console.py, tests/test_multinode.py, ...), and
+tests/test_cli.py runs the installed console script: those are the contracts this shortcut
+cannot show. This module is
 a plain module (no pytest), so the fork server imports it without the suite's conftest.
 
 :func:`start` is the same child for a caller that watches it run (bench/scale.py measures each
@@ -32,6 +36,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -90,9 +95,65 @@ def start(*args: str, log: str | Path, report: str | Path, cwd: str | Path = REP
     args = [str(a) for a in args]
     env = _child_env(env)
     proc = _context.Process(target=_child, args=(args, str(cwd), env, str(log), str(log)),
-                            kwargs={"report": str(report)}, name="asrtrain-cli")
+                            kwargs={"report": str(report), "session": True},
+                            name="asrtrain-cli")
     proc.start()
     return proc
+
+
+def popen(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None,
+          merge: bool = False) -> Started:
+    """``subprocess.Popen([sys.executable, "-m", "asrtrain.cli", *args], cwd=cwd, env=env,
+    stdout=PIPE, stderr=STDOUT if merge else PIPE, text=True, start_new_session=True)``,
+    started warm, for a test that signals or kills the run while it runs: what it returns has
+    the part of ``Popen`` such tests use (:class:`Started`). Its output goes to files, read
+    back whole by ``communicate``."""
+    args = [str(a) for a in args]
+    env = _child_env(env)
+    tmp = tempfile.TemporaryDirectory(prefix="asrtrain-cli-")
+    out = Path(tmp.name) / "stdout"
+    err = out if merge else Path(tmp.name) / "stderr"
+    proc = _context.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)),
+                            kwargs={"session": True}, name="asrtrain-cli")
+    proc.start()
+    return Started(proc, [sys.executable, "-m", "asrtrain.cli", *args], out, err, tmp)
+
+
+class Started:
+    """:func:`popen`'s command: ``pid``, ``returncode``, ``poll``, ``wait``, ``kill``,
+    ``send_signal`` and ``communicate`` as :class:`subprocess.Popen` has them (stdout and
+    stderr read from its files once it ended; stderr None where merged into stdout)."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str],
+                 out: Path, err: Path, tmp: tempfile.TemporaryDirectory) -> None:
+        self._process, self.args, self._out, self._err, self._tmp = process, args, out, err, tmp
+        self.pid: int = process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        self.wait(timeout)
+        out = self._out.read_text(errors="replace") if self._out.exists() else ""
+        err = None if self._err == self._out else (
+            self._err.read_text(errors="replace") if self._err.exists() else "")
+        self._tmp.cleanup()
+        return out, err
 
 
 def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -105,18 +166,17 @@ def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
-           report: str | None = None) -> None:
+           report: str | None = None, session: bool = False) -> None:
     """In the forked process: become ``python -m asrtrain.cli ARGS`` and end as it would
-    (``out`` == ``err``: both appended to that file, in a session of its own; ``report``: the
-    rusage JSON of :func:`start`, written last)."""
+    (``out`` == ``err``: both appended to that file; ``session``: a session of its own;
+    ``report``: the rusage JSON of :func:`start`, written last)."""
     import atexit
     import json
     import resource
-    import signal
     import threading
     import traceback
 
-    become(args, cwd, env, out, err)
+    become(args, cwd, env, out, err, session)
     code: int | str | None = 0
     try:
         from asrtrain.cli import main
@@ -151,16 +211,19 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
     os._exit(code or 0)
 
 
-def become(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+def become(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
+           session: bool = False) -> None:
     """The forked child made ``python -m asrtrain.cli ARGS`` as started: its output, environment,
     working folder, path, argv, warning filters, signals and thread counts; ``asrtrain run``'s
     learner fork server started first (tests/test_warm.py checks it)."""
     import io
-    import signal
     import warnings
 
-    if out == err:   # start(): one log, appended, and a session of its own
+    import setproctitle
+
+    if session:
         os.setsid()
+    if out == err:   # one log, appended
         target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         for fd in (1, 2):
             os.dup2(target, fd)
@@ -174,6 +237,10 @@ def become(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -
                                   write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", line_buffering=True)
+    # what ps and pgrep -f show, as for the command it is; first: it moves the environment out
+    # of the way, which it cannot do once the environment has been replaced (the titles of the
+    # learners, which tests find by their command line, would then stay the fork server's)
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", "asrtrain.cli", *args]))
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

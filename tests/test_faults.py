@@ -20,7 +20,7 @@ from pathlib import Path
 import forked_cli
 import pytest
 from conftest import copy_exp
-from test_e2e import REPO, SMALL
+from test_e2e import SMALL
 
 # Long enough to be interrupted in the middle: the tests stop it as soon as epochs finish.
 # Three learners where one hangs or dies: a rank to hang (2) beside the rank that dies (1) and
@@ -55,9 +55,10 @@ def command(exp: Path, *extra: str) -> list[str]:
             *SMALL, *extra, "--to", "train"]
 
 
-def start(exp: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(command(exp, *extra), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def start(exp: Path, *extra: str) -> forked_cli.Started:
+    """The command started warm, not waited for (bench/forked_cli.py: a process of its own, in
+    a session of its own, as ``subprocess.Popen(..., start_new_session=True)``)."""
+    return forked_cli.popen(*command(exp, *extra)[3:])
 
 
 def run(exp: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -84,12 +85,12 @@ def learners(exp: Path) -> dict[int, int]:
     return found
 
 
-def wait_for(predicate, what: str, proc: subprocess.Popen | None = None) -> None:
+def wait_for(predicate, what: str, proc: forked_cli.Started | None = None) -> None:
     deadline = time.monotonic() + HANG_GUARD
     while not predicate():
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the run ended (status {proc.returncode}) before {what}:\n"
-                                 + proc.stderr.read()[-3000:])
+                                 + proc.communicate()[1][-3000:])
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(0.1)

@@ -5,10 +5,7 @@ still the whole set once. Behaviour only: no test here asserts a time."""
 from __future__ import annotations
 
 import math
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -165,13 +162,12 @@ def exp(tiny_tri1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exp
 
 
-def _train(exp: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-                             f"exp_dir={exp}", "--stage", "train", "--to", "train", *COMMON,
-                             "trainer.epochs=2", "trainer.backend=adpsgd",
-                             "trainer.learners=2", *extra], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def _train(exp: Path, *extra: str) -> forked_cli.Started:
+    """The training stage started warm, not waited for (bench/forked_cli.py: a process of its
+    own), stderr with stdout."""
+    return forked_cli.popen("run", "recipes/tiny", f"exp_dir={exp}", "--stage", "train", "--to",
+                            "train", *COMMON, "trainer.epochs=2", "trainer.backend=adpsgd",
+                            "trainer.learners=2", *extra, merge=True)
 
 
 def _metrics(run_dir: Path, epoch: int) -> dict:
