@@ -176,26 +176,27 @@ def test_every_float_setting_of_the_trainer_must_be_finite() -> None:
                 TrainerConfig.from_config({name: value})
 
 
-def wait_for(path: Path, proc: subprocess.Popen) -> None:
+def wait_for(path: Path, proc: forked_cli.Started) -> None:
     deadline = time.monotonic() + HANG_GUARD
     while not path.is_file():
         if proc.poll() is not None:
             raise AssertionError(f"the run ended (status {proc.returncode}) before {path}:\n"
-                                 + proc.stderr.read()[-3000:])
+                                 + proc.communicate()[1][-3000:])
         assert time.monotonic() < deadline, f"gave up waiting for {path}"
         time.sleep(0.1)
 
 
-def stop(proc: subprocess.Popen) -> str:
+def stop(proc: forked_cli.Started) -> str:
     os.kill(proc.pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 143, stderr[-3000:]
     return one_error_line(stderr)
 
 
-def start(exp: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(command(exp, *extra), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def start(exp: Path, *extra: str) -> forked_cli.Started:
+    """The command started warm, not waited for (bench/forked_cli.py: a process of its own, in
+    a session of its own)."""
+    return forked_cli.popen(*command(exp, *extra)[3:])
 
 
 @pytest.mark.timeout(HANG_GUARD * 3)
