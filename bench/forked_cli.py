@@ -54,6 +54,9 @@ DEFAULT_WARNINGS = [("default", DeprecationWarning, "__main__"), ("ignore", Depr
                     ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
                     ("ignore", ResourceWarning, "")]
 
+#: Linux's namespace flags (sched.h) for setns and unshare
+CLONE_NEWNET, CLONE_NEWUTS = 0x40000000, 0x04000000
+
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 
@@ -102,19 +105,24 @@ def start(*args: str, log: str | Path, report: str | Path, cwd: str | Path = REP
 
 
 def popen(*args: str, cwd: str | Path = REPO, env: Mapping[str, str] | None = None,
-          merge: bool = False) -> Started:
+          merge: bool = False, netns: str | None = None,
+          hostname: str | None = None) -> Started:
     """``subprocess.Popen([sys.executable, "-m", "asrtrain.cli", *args], cwd=cwd, env=env,
     stdout=PIPE, stderr=STDOUT if merge else PIPE, text=True, start_new_session=True)``,
     started warm, for a test that signals or kills the run while it runs: what it returns has
     the part of ``Popen`` such tests use (:class:`Started`). Its output goes to files, read
-    back whole by ``communicate``."""
+    back whole by ``communicate`` (``Started.output``: what it has written so far).
+    ``netns``: in that network namespace (``ip netns add``'s), and with ``hostname``, in a UTS
+    namespace of its own with that name, as ``ip netns exec NETNS unshare --uts`` and
+    ``hostname`` put a new process (tests/test_multinode.py's nodes)."""
     args = [str(a) for a in args]
     env = _child_env(env)
     tmp = tempfile.TemporaryDirectory(prefix="asrtrain-cli-")
     out = Path(tmp.name) / "stdout"
     err = out if merge else Path(tmp.name) / "stderr"
     proc = _context.Process(target=_child, args=(args, str(cwd), env, str(out), str(err)),
-                            kwargs={"session": True}, name="asrtrain-cli")
+                            kwargs={"session": True, "netns": netns, "hostname": hostname},
+                            name="asrtrain-cli")
     proc.start()
     return Started(proc, [sys.executable, "-m", "asrtrain.cli", *args], out, err, tmp)
 
@@ -147,6 +155,10 @@ class Started:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def output(self) -> str:
+        """What it has written to stdout so far (and stderr, where merged)."""
+        return self._out.read_text(errors="replace") if self._out.exists() else ""
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         self.wait(timeout)
         out = self._out.read_text(errors="replace") if self._out.exists() else ""
@@ -166,16 +178,20 @@ def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
-           report: str | None = None, session: bool = False) -> None:
+           report: str | None = None, session: bool = False, netns: str | None = None,
+           hostname: str | None = None) -> None:
     """In the forked process: become ``python -m asrtrain.cli ARGS`` and end as it would
     (``out`` == ``err``: both appended to that file; ``session``: a session of its own;
-    ``report``: the rusage JSON of :func:`start`, written last)."""
+    ``report``: the rusage JSON of :func:`start`, written last; ``netns``, ``hostname``: see
+    :func:`popen`)."""
     import atexit
     import json
     import resource
     import threading
     import traceback
 
+    if netns is not None:   # first: its learners' fork server is forked in become()
+        _enter(netns, hostname)
     become(args, cwd, env, out, err, session)
     code: int | str | None = 0
     try:
@@ -209,6 +225,30 @@ def _child(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code or 0)
+
+
+def _enter(netns: str, hostname: str | None) -> None:
+    """This process into the network namespace ``netns`` and, with ``hostname``, a UTS
+    namespace of its own named so (a new process would get both from ``ip netns exec NETNS
+    unshare --uts``; this one is single-threaded, as setns and unshare need)."""
+    import ctypes
+    import socket
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def checked(code: int, what: str) -> None:
+        if code != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        checked(libc.setns(fd, CLONE_NEWNET), f"setns into network namespace {netns}")
+    finally:
+        os.close(fd)
+    if hostname is not None:
+        checked(libc.unshare(CLONE_NEWUTS), "unshare the UTS namespace")
+        socket.sethostname(hostname)
 
 
 def become(args: list[str], cwd: str, env: dict[str, str], out: str, err: str,

@@ -4,6 +4,9 @@ the nodes of a cluster share a file system. Node 0 runs the pipeline; node 1 wai
 stages and runs only its learners. Each node runs in a network namespace of its own (with a
 hostname of its own), the two joined by a veth pair, so the learners meet over a real interface,
 not loopback; where namespaces cannot be made (not root, no ``ip``), on loopback, with a warning.
+Each node's run is a process of its own started warm (bench/forked_cli.py's ``popen``), which
+enters its node's namespaces before anything else, as ``ip netns exec`` and ``unshare --uts``
+would put a new one.
 
 The result of two agents of 2 learners each is that of the same 4 learners in one agent: the same
 loss figures for ``ssgd``, within the run-to-run spread for ``adpsgd`` and ``hadpsgd`` (whose
@@ -20,7 +23,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -56,10 +58,10 @@ class Nodes:
     """Where the two nodes run: their command prefixes, environments and node 0's address."""
 
     def __init__(self) -> None:
-        self.prefix: list[list[str]] = [[], []]
         self.env: list[dict[str, str]] = [{}, {}]
         self.host = "127.0.0.1"
         self.netns: list[str] = []
+        self.hostname: list[str | None] = [None, None]
 
     @contextlib.contextmanager
     def made(self) -> Iterator[Nodes]:
@@ -78,8 +80,7 @@ class Nodes:
                 _ip("-n", ns, "link", "set", link, "up")
                 _ip("-n", ns, "link", "set", "lo", "up")
                 # its own network and its own hostname: a machine, as far as the learners see
-                self.prefix[k] = ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
-                                  'hostname "$0" && exec "$@"', f"node{k}-{tag}"]
+                self.hostname[k] = f"node{k}-{tag}"
                 self.env[k] = {"GLOO_SOCKET_IFNAME": link}
             self.host = f"{subnet}.1"
             yield self
@@ -92,9 +93,8 @@ def _can_make_namespaces() -> str | None:
     """Why the nodes cannot have network namespaces here, or None."""
     if os.geteuid() != 0:
         return "not root"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"no {tool} on the PATH"
+    if shutil.which("ip") is None:
+        return "no ip on the PATH"
     probe = f"asrtprobe{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode:
@@ -137,16 +137,18 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _start(nodes: Nodes, k: int, exp: Path, port: int, *args: str) -> subprocess.Popen:
-    cmd = [*nodes.prefix[k], sys.executable, "-m", "asrtrain.cli", "run", "recipes/tiny",
-           f"exp_dir={exp}", STAGES, *SMALL, "trainer.nnodes=2", f"trainer.node_rank={k}",
-           f"trainer.rdzv_endpoint={nodes.host}:{port}", *args]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                            **nodes.env[k]})
+def _start(nodes: Nodes, k: int, exp: Path, port: int, *args: str) -> forked_cli.Started:
+    """Node ``k``'s ``asrtrain run``, warm (bench/forked_cli.py), in the node's network and
+    UTS namespaces where it has them; stderr with stdout."""
+    return forked_cli.popen("run", "recipes/tiny", f"exp_dir={exp}", STAGES, *SMALL,
+                            "trainer.nnodes=2", f"trainer.node_rank={k}",
+                            f"trainer.rdzv_endpoint={nodes.host}:{port}", *args,
+                            env={**os.environ, **nodes.env[k]}, merge=True,
+                            netns=nodes.netns[k] if nodes.netns else None,
+                            hostname=nodes.hostname[k])
 
 
-def _finish(procs: list[subprocess.Popen], guard: float = HANG_GUARD) -> list[str]:
+def _finish(procs: list[forked_cli.Started], guard: float = HANG_GUARD) -> list[str]:
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=guard)
@@ -168,19 +170,17 @@ def _checkpoint(run_dir: Path, name: str = "final.pt") -> dict:
     return torch.load(run_dir / name, map_location="cpu", weights_only=False)
 
 
-def _wait_for_line(proc: subprocess.Popen, text: str) -> str:
-    """Read ``proc``'s output until a line holds ``text``; return what was read."""
-    seen = []
+def _wait_for_line(proc: forked_cli.Started, text: str) -> None:
+    """Wait until ``proc``'s output holds ``text``."""
     deadline = time.monotonic() + HANG_GUARD
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
+    while time.monotonic() < deadline and proc.poll() is None:
+        if text in proc.output():
+            return
+        time.sleep(0.1)
+    if text in proc.output():
+        return
     proc.kill()
-    raise AssertionError(f"no line with {text!r}:\n{''.join(seen)[-3000:]}")
+    raise AssertionError(f"no line with {text!r}:\n{proc.communicate()[0][-3000:]}")
 
 
 def _all_learners_trained(run_dir: Path, two: dict, backend: str) -> None:
@@ -227,10 +227,10 @@ def test_two_nodes_train_the_same_as_the_learners_in_one(nodes: Nodes, exp: Path
     # node 1 first, on a fresh exp dir (the first backend's): it waits for node 0's data stages,
     # then joins; before train_hybrid it waits again, for node 0's GMM passes
     first = _start(nodes, 1, exp, port, "trainer.learners=2", *args)
-    node1 = _wait_for_line(first, "waits for node 0 to finish") if fresh else ""
+    if fresh:
+        _wait_for_line(first, "waits for node 0 to finish")
     second = _start(nodes, 0, exp, port, "trainer.learners=2", *args)
     out1, out0 = _finish([first, second], HANG_GUARD * 3)  # prepare..align, two trainings
-    out1 = node1 + out1
     trained = ("train", "train_hybrid") if to == "train_hybrid" else ("train",)
     for stage in trained:
         assert f"node 1 of 2: stage {stage}: starting this node's 2 learners" in out1, stage
@@ -281,8 +281,7 @@ def test_a_killed_node_ends_the_other_with_its_name(nodes: Nodes, exp: Path,
     _wait_for_line(procs[0], "epoch 1:")  # training runs on both nodes
     os.kill(procs[killed].pid, signal.SIGKILL)
     survivor = procs[1 - killed]
-    out = survivor.stdout.read() if survivor.stdout else ""
-    survivor.wait(timeout=HANG_GUARD)
+    out, _ = survivor.communicate(timeout=HANG_GUARD)
     procs[killed].communicate(timeout=HANG_GUARD)
     assert survivor.returncode == 1, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("asrtrain: error:")]
