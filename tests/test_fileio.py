@@ -68,3 +68,35 @@ def test_an_ark_and_its_scp_appear_together_and_name_the_final_ark(tmp_path: Pat
         raise RuntimeError("killed")
     assert list(kaldiio.load_scp(str(scp))) == ["utt1"]  # the earlier pair, untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["feats.ark", "feats.scp"]
+
+
+def test_the_ark_writer_writes_kaldiios_bytes(tmp_path: Path) -> None:
+    """ArkWriter (atomic_ark's writer) against kaldiio's WriteHelper on the same entries: int32
+    vectors (alignments: written in one piece, not packed element by element), an empty one,
+    float matrices and vectors (kaldiio's own write_array); both files byte for byte, and
+    kaldiio reads the alignments back."""
+    import kaldiio
+    import numpy as np
+
+    from asrtrain.fileio import ArkWriter
+
+    rng = np.random.default_rng(0)
+    entries = [("ali1", rng.integers(-5, 2**31 - 1, 700).astype(np.int32)),
+               ("empty", np.zeros(0, dtype=np.int32)),
+               ("feats", rng.standard_normal((7, 3)).astype(np.float32)),
+               ("ivec", rng.standard_normal(5)), ("ali2", np.arange(3, dtype=np.int32))]
+    theirs, ours = tmp_path / "kaldiio", tmp_path / "ours"
+    for d in (theirs, ours):
+        d.mkdir()
+    with kaldiio.WriteHelper(f"ark,scp:{theirs / 'a.ark'},{theirs / 'a.scp'}") as w:
+        for key, array in entries:
+            w(key, array)
+    with ArkWriter(ours / "a.ark", ours / "a.scp") as w:
+        for key, array in entries:
+            w(key, array)
+    assert (ours / "a.ark").read_bytes() == (theirs / "a.ark").read_bytes()
+    assert (ours / "a.scp").read_text().replace(str(ours), str(theirs)) == \
+        (theirs / "a.scp").read_text()
+    back = kaldiio.load_scp(str(ours / "a.scp"))
+    for key, array in entries:
+        np.testing.assert_array_equal(back[key], array)
