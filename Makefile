@@ -79,6 +79,10 @@ smoke: install system-deps
 # 1,676 CPU-s, the learners' part 348 (132 learners 152, their 43 fork servers 196).
 # Another day's host, slower: 14 min 21 s at 4c0697b (1,563 CPU-s); with bench/scale.py's
 # stages forked warm and a faster fMLLR, 13 min 14 s at 03f0bd6 (all passed, 1,436 CPU-s).
+# A slower host (AMD EPYC without AVX-512, 2026-11-28): 23 min 56 s at 523c88b (2,579 CPU-s
+# besides pip); with every forked training command forking its own learners' fork server and
+# the signalled, killed and multi-node runs forked warm (forked_cli.popen), 19 min 31 s at
+# faa0c71 (all passed, 2,083 CPU-s besides pip).
 # 0: one process (-n 0).
 TEST_WORKERS ?= 2
 test: install system-deps
