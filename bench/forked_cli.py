@@ -17,13 +17,13 @@ non-daemon threads a new interpreter ends with. What it returns is a
 :class:`subprocess.TimeoutExpired`, as :func:`subprocess.run` does.
 
 :func:`popen` is the same child for a test that signals or kills the run while it runs
-(tests/test_faults.py, tests/test_straggler.py): a session of its own, and the part of
-:class:`subprocess.Popen` those tests use. Tests that read a run's output while it runs, or need
-a new interpreter (its hash seed, its warnings at import, a network namespace), start real
-processes with :mod:`subprocess` (tests/test_console.py, tests/test_multinode.py, ...), and
-tests/test_cli.py runs the installed console script: those are the contracts this shortcut
-cannot show. This module is
-a plain module (no pytest), so the fork server imports it without the suite's conftest.
+(tests/test_faults.py, tests/test_straggler.py; tests/test_multinode.py's nodes, each in network
+and UTS namespaces of its own): a session of its own, and the part of :class:`subprocess.Popen`
+those tests use. Tests that need a new interpreter (another hash seed, the warnings of its
+imports) start real processes with :mod:`subprocess` (tests/test_align_reproducible.py,
+tests/test_console.py, ...), and tests/test_cli.py runs the installed console script: those
+are the contracts this shortcut cannot show. This module is a plain module (no pytest), so the
+fork server imports it without the suite's conftest.
 
 :func:`start` is the same child for a caller that watches it run (bench/scale.py measures each
 stage so): its output appended to a log, a session of its own (``os.killpg`` ends it and its
@@ -161,7 +161,7 @@ class Started:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         self.wait(timeout)
-        out = self._out.read_text(errors="replace") if self._out.exists() else ""
+        out = self.output()
         err = None if self._err == self._out else (
             self._err.read_text(errors="replace") if self._err.exists() else "")
         self._tmp.cleanup()
