@@ -467,7 +467,7 @@ def align_graphs(gmm: DiagGmmSet, graphs: list[HmmGraph], feats: list[torch.Tens
     for g, x in zip(graphs, feats, strict=True):
         uniq, inv = np.unique(g.pdf, return_inverse=True)
         ll = gmm.pdf_loglikes(x.to(device), torch.from_numpy(uniq).to(device), max_batch_mb)
-        states.append(ll[:, torch.from_numpy(inv.reshape(-1)).to(device)])
+        states.append(torch.index_select(ll, 1, torch.from_numpy(inv.reshape(-1)).to(device)))
     return viterbi_states(graphs, states, acoustic_scale, device)
 
 

@@ -3,9 +3,9 @@
 The graphs of a batch are concatenated into one big acceptor (state ids offset per utterance) and
 all utterances advance one frame per step: per arc ``score[src] + weight``, a scatter-max into the
 destination states, plus the scaled acoustic log-likelihood of each state's pdf.  Back-pointers
-(the winning arc of every state at every frame) are kept as an int32 ``[frames, states]`` tensor
-and traced back for all utterances together.  Exact Viterbi (no beam), like Kaldi's
-``gmm-align-compiled`` with an unlimited beam.
+(the slot of the winning arc among each state's incoming ones, at every frame) are kept as an
+int8 ``[frames, states]`` tensor and traced back for all utterances together, in numpy.  Exact
+Viterbi (no beam), like Kaldi's ``gmm-align-compiled`` with an unlimited beam.
 """
 
 from __future__ import annotations
@@ -75,12 +75,13 @@ def _viterbi_longest_first(graphs: list[HmmGraph], acoustics_of: list[torch.Tens
     start, final = cat("start").float(), cat("final").float()
     utt_of_state = torch.from_numpy(np.repeat(np.arange(len(graphs)),
                                               np.diff(offsets))).to(device)
-    # acoustic score of every state at every frame of its utterance (the frames past an
-    # utterance's end are never read: the search runs on the running prefix only, the
+    # scaled acoustic score of every state at every frame of its utterance (the frames past
+    # an utterance's end are never read: the search runs on the running prefix only, the
     # backtrace within each utterance's length; left unset, their pages are never touched)
     acoustics = torch.empty(t_max, total, device=device)
     for i, ll in enumerate(acoustics_of):
-        acoustics[:lengths[i], offsets[i]:offsets[i + 1]] = ll.to(device).float()
+        torch.mul(ll.to(device).float(), acoustic_scale,
+                  out=acoustics[:lengths[i], offsets[i]:offsets[i + 1]])
     # incoming arcs of every state padded to the largest in-degree: one gather, one max per frame
     # (the max returns the back-pointer too); padding arcs come from a dummy -inf state
     order = torch.argsort(dst, stable=True)
@@ -97,10 +98,7 @@ def _viterbi_longest_first(graphs: list[HmmGraph], acoustics_of: list[torch.Tens
     # the states of the utterances still running at frame t: a prefix, as lengths decrease
     running = np.searchsorted(-np.asarray(lengths), -np.arange(t_max), side="left")
     prefix = offsets[running].tolist()
-    # scaled row by row in the loop (the same products): a scaled copy of the whole
-    # [frames, states] matrix was a third of a batch's memory
-    score = torch.cat([start + acoustic_scale * acoustics[0],
-                       torch.tensor([neg_inf], device=device)])
+    score = torch.cat([start + acoustics[0], torch.tensor([neg_inf], device=device)])
     # back-pointers are slots among a state's incoming arcs: a byte each when they fit
     back = torch.empty(t_max, total, device=device,
                        dtype=torch.int8 if k_max <= 127 else torch.int32)
@@ -125,36 +123,36 @@ def _viterbi_longest_first(graphs: list[HmmGraph], acoustics_of: list[torch.Tens
             torch.maximum(a, u.mul_(k), out=a)           # k exceeds every earlier slot
             torch.maximum(b, c, out=b)
         back[t, :n] = a
-        torch.add(b, acoustic_scale * acoustics[t, :n], out=head)
+        torch.add(b, acoustics[t, :n], out=head)
     score = score[:total]
     end = score + final
     best_end = torch.full((len(graphs),), neg_inf, device=device).scatter_reduce(
         0, utt_of_state, end, reduce="amax", include_self=True)
     state_ids = torch.arange(total, device=device)
     is_best = (end == best_end[utt_of_state]) & torch.isfinite(end)
-    cur = torch.full((len(graphs),), -1, dtype=torch.long, device=device).scatter_reduce(
+    last = torch.full((len(graphs),), -1, dtype=torch.long, device=device).scatter_reduce(
         0, utt_of_state[is_best], state_ids[is_best], reduce="amax", include_self=True)
-    ok = cur >= 0
-    lens = torch.tensor(lengths, device=device)
-    path = torch.full((len(graphs), t_max), -1, dtype=torch.long, device=device)
-    cur = cur.clamp(min=0)
+    # the backtrace in numpy, on the host: a few small index operations a frame, each a
+    # microsecond there (the torch ones were ten times that; on a GPU, a launch each)
+    back_np, in_arc_np, src_np = back.cpu().numpy(), in_arc.cpu().numpy(), src.cpu().numpy()
+    last_np, best_np = last.cpu().numpy(), best_end.cpu().numpy()
+    ok = np.flatnonzero(last_np >= 0)      # in decreasing length, as the batch is
+    path = np.empty((len(graphs), t_max), dtype=np.int64)
+    cur = last_np[ok]
+    live = np.searchsorted(-np.asarray(lengths)[ok], -np.arange(t_max), side="left")
     for t in range(t_max - 1, -1, -1):
-        live = (lens > t) & ok
-        path[:, t] = torch.where(live, cur, path[:, t])
+        c = cur[:live[t]]
+        path[ok[:live[t]], t] = c
         if t > 0:
-            # back-pointer slot -> arc (an ended utterance's slot is unset: any will do)
-            arc = in_arc[cur, back[t][cur].long().clamp_(0, k_max - 1)]
-            prev = src[arc.clamp(min=0)]
-            cur = torch.where(live, prev, cur)
-
+            cur[:live[t]] = src_np[in_arc_np[c, back_np[t, c]]]
     out = []
-    path_np = path.cpu().numpy()
     for i in range(len(graphs)):
-        if not bool(ok[i]):
+        if last_np[i] < 0:
             out.append(Alignment(None, neg_inf, neg_inf))
             continue
-        states = path_np[i, :lengths[i]] - offsets[i]
-        ac = float(acoustics[torch.arange(lengths[i], device=device),
-                             torch.from_numpy(states + offsets[i]).to(device)].sum())
-        out.append(Alignment(states.astype(np.int64), float(best_end[i]), ac))
+        states = path[i, :lengths[i]] - offsets[i]
+        ll = acoustics_of[i].float()
+        ac = float(ll[torch.arange(lengths[i], device=ll.device),
+                      torch.from_numpy(states).to(ll.device)].sum())
+        out.append(Alignment(states, float(best_np[i]), ac))
     return out
