@@ -198,22 +198,27 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
     start = np.full(num, -np.inf, dtype=np.float32)
     final_trans = np.full(num, -1, dtype=np.int32)
     final_cost = np.zeros(num)
+    # each phone's arcs within its HMM, (s, d, index into the table), and its exits, (s, index)
+    inside_of: dict[int, list[tuple[int, int, int]]] = {}
+    exits_of: dict[int, list[tuple[int, int]]] = {}
+    for phone in {pg.arcs[arc_i].phone for arc_i, _, _ in cd_nodes}:
+        m = scaled[phone]
+        ns, off = m.shape[0], tt.offset[phone]
+        live = (m > -np.inf).tolist()
+        inside_of[phone] = [(s, d, off + s * (ns + 1) + d)
+                            for s in range(ns) for d in range(ns) if live[s][d]]
+        exits_of[phone] = [(s, off + s * (ns + 1) + ns) for s in range(ns) if live[s][ns]]
     src, dst, trans, cost = [], [], [], []
     for c, (arc_i, left, right) in enumerate(cd_nodes):
         a = pg.arcs[arc_i]
-        m = scaled[a.phone]
-        ns = m.shape[0]
-        base, off = first[c], tt.offset[a.phone]
-        for s in range(ns):
-            for d in range(ns):
-                if m[s, d] > -np.inf:
-                    src.append(base + s)
-                    dst.append(base + d)
-                    trans.append(off + s * (ns + 1) + d)
-                    cost.append(0.0)
+        base, inside = first[c], inside_of[a.phone]
+        src += [base + s for s, _, _ in inside]
+        dst += [base + d for _, d, _ in inside]
+        trans += [t for _, _, t in inside]
+        cost += [0.0] * len(inside)
         if a.src == pg.start and left == 0:
             start[base] = -a.cost
-        exits = [(s, off + s * (ns + 1) + ns) for s in range(ns) if m[s, ns] > -np.inf]
+        exits = exits_of[a.phone]
         if right == 0:
             for s, w in exits:
                 final_trans[base + s] = w
