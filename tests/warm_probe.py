@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from threadpoolctl import threadpool_info
@@ -60,5 +61,12 @@ def as_a_forked_command(env: dict[str, str], log: str) -> None:
 
     forked_cli.become(["run", "recipes/tiny"], os.getcwd(), env, log, log)
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
-    ok = pid is not None and Path(f"/proc/{pid}/comm").read_text().strip() == "asrtrain-fork"
+    # the fork names itself a moment after the fork: read its name until it has (the first
+    # read raced it once, on a loaded machine); multiprocessing's own server, a new
+    # interpreter, never takes that name
+    deadline = time.monotonic() + 60
+    ok = False
+    while pid is not None and not ok and time.monotonic() < deadline:
+        ok = Path(f"/proc/{pid}/comm").read_text().strip() == "asrtrain-fork"
+        time.sleep(0.05)
     os._exit(0 if ok else 3)
