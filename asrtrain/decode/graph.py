@@ -83,50 +83,58 @@ def make_h(model: AcousticModel, ilabels: list[list[int]], self_loop_scale: floa
            transition_scale: float) -> tuple[kaldifst.StdVectorFst, list[tuple[int, int, int]],
                                              set[int]]:
     """H for the CLG input labels: returns H, the transition states (phone, hmm_state, pdf) in
-    label order (label = index + 1), and H's disambiguation input labels."""
+    label order (label = index + 1), and H's disambiguation input labels.
+
+    H is written as OpenFst's text form and compiled in one call (an arc at a time through the
+    bindings was most of a graph's time: ~200k arcs for the tiny corpus's 32k contexts); the
+    weights as the float32 values the arcs hold, printed so that they read back exactly."""
     scaled = scale_transitions(model.log_trans, self_loop_scale, transition_scale)
     tstates: dict[tuple[int, int, int], int] = {}
-
-    def label(phone: int, s: int, pdf: int) -> int:
-        return tstates.setdefault((phone, s, pdf), len(tstates) + 1)
-
-    arcs: list[tuple[int, int, int, float, int]] = []     # src ilabel olabel cost dst
-    disambig_out: list[int] = []
-    num_states = 1                                          # 0: start and final
+    # each phone's arcs: (s, d, cost as text), d == n leaving the phone, in the order they are
+    # added
+    pattern = {}
+    for phone, m in scaled.items():
+        n = m.shape[0]
+        finite = np.isfinite(m).tolist()
+        pattern[phone] = [(s, d, repr(float(-np.float32(m[s, d]))))
+                          for s in range(n) for d in range(n + 1) if finite[s][d]]
+    windows, disambig_out = [], []
     for olabel, window in enumerate(ilabels):
         if olabel == 0:
             continue
         if len(window) != 3 or window[1] <= 0:             # #-1 ([0]) or #k ([-k])
             disambig_out.append(olabel)
-            continue
-        left, phone, right = window
-        m = scaled[phone]
-        n = m.shape[0]
-        first = num_states
+        else:
+            windows.append((olabel, *window))
+    # every context's pdfs in one look-up (Tree.pdfs, as Tree.pdf gives them one by one)
+    ctx = [(left, phone, right, s) for _, left, phone, right in windows
+           for s in range(scaled[phone].shape[0])]
+    pdf_of = model.tree.pdfs(np.asarray(ctx, dtype=np.int64).reshape(-1, 4)).tolist()
+
+    lines: list[str] = []
+    num_states, k = 1, 0                                    # state 0: start and final
+    for olabel, _, phone, _ in windows:
+        n = scaled[phone].shape[0]
+        pdfs, first = pdf_of[k:k + n], num_states
+        k += n
         num_states += n
-        pdfs = [model.tree.pdf(left, phone, right, s) for s in range(n)]
-        arcs.append((0, label(phone, 0, pdfs[0]), olabel, 0.0, first))
-        for s in range(n):
-            for d in range(n + 1):
-                if not np.isfinite(m[s, d]):
-                    continue
-                if d == n:
-                    arcs.append((first + s, 0, 0, -float(m[s, d]), 0))
-                else:
-                    arcs.append((first + s, label(phone, d, pdfs[d]), 0, -float(m[s, d]),
-                                 first + d))
-    h = kaldifst.StdVectorFst()
-    for _ in range(num_states):
-        h.add_state()
-    h.start = 0
-    h.set_final(0, 0.0)
-    for src, il, ol, cost, dst in arcs:
-        h.add_arc(src, kaldifst.StdArc(il, ol, cost, dst))
+        lines.append(f"0 {first} {tstates.setdefault((phone, 0, pdfs[0]), len(tstates) + 1)} "
+                     f"{olabel} 0\n")
+        for s, d, cost in pattern[phone]:
+            if d == n:
+                lines.append(f"{first + s} 0 0 0 {cost}\n")
+            else:
+                label = tstates.setdefault((phone, d, pdfs[d]), len(tstates) + 1)
+                lines.append(f"{first + s} {first + d} {label} 0 {cost}\n")
     disambig_in = set()
-    for k, olabel in enumerate(disambig_out):
-        il = len(tstates) + 1 + k
+    for j, olabel in enumerate(disambig_out):
+        il = len(tstates) + 1 + j
         disambig_in.add(il)
-        h.add_arc(0, kaldifst.StdArc(il, olabel, 0.0, 0))
+        lines.append(f"0 0 {il} {olabel} 0\n")
+    lines.append("0 0\n")
+    h = kaldifst.compile("".join(lines), keep_state_numbering=True)
+    if h.num_states != num_states:   # a state no arc names (none: every state has its arcs)
+        raise AsrtrainError(f"make_h: {h.num_states} states compiled, {num_states} made")
     kaldifst.arcsort(h, sort_type="olabel")
     order = sorted(tstates, key=tstates.__getitem__)
     return h, order, disambig_in
