@@ -17,6 +17,7 @@ import pytest
 from conftest import copy_exp
 from test_e2e import REPO, asrtrain
 
+from asrtrain import AsrtrainError
 from asrtrain.pipeline import Pipeline, run_recipe
 from asrtrain.recipe import compose_recipe
 from asrtrain.stages import STAGES
@@ -68,6 +69,18 @@ def test_an_lm_change_plans_only_decoding_stages(recorded: Path, capsys) -> None
     """No GMM pass, no fMLLR features, no training: the graphs and what decodes through them."""
     assert dry_run(recorded, capsys, "lm.order=2") == ["lm", "decode_gmm", "decode_hybrid"]
     assert dry_run(recorded, capsys, "align.decode=false") == ["decode_gmm", "decode_hybrid"]
+    # decode.sh's options (the search of the GMM passes' decoding): likewise
+    assert dry_run(recorded, capsys, "+align.decode_options.beam=10") == [
+        "decode_gmm", "decode_hybrid"]
+
+
+def test_a_bad_gmm_decode_option_is_one_line_naming_it(recorded: Path, capsys) -> None:
+    with pytest.raises(AsrtrainError, match=r"^align\.decode_options\.beams: unknown setting; "
+                       r"known: acoustic_scales, beam, device, max_active, self_loop_scale, "
+                       r"transition_scale$"):
+        dry_run(recorded, capsys, "+align.decode_options.beams=10")
+    with pytest.raises(AsrtrainError, match=r"^align\.decode_options\.max_active="):
+        dry_run(recorded, capsys, "+align.decode_options.max_active=many")
 
 
 def test_a_lexicon_change_does_not_plan_the_ctc_model(recorded: Path, capsys) -> None:
@@ -122,6 +135,11 @@ def test_a_tri4_change_keeps_mono_to_tri3(recorded: Path, capsys) -> None:
                    for name, chain in pass_chain(cfg))
         lm = pass_keys(decoding)
         assert all(lm[n][0] != after[n][0] and lm[n][1] != after[n][1] for n in after)
+        # new decoding options: every decoding again, the graphs kept
+        cfg, ctx, decoding, _ = contexts(change, "+align.decode_options.max_active=2000")
+        searched = pass_keys(decoding)
+        assert all(searched[n][0] == after[n][0] and searched[n][1] != after[n][1]
+                   for n in after)
         pipeline = Pipeline(compose_recipe("recipes/tiny", [f"exp_dir={recorded}", change]),
                             STAGES)
         forced = {d.stage: d for d in pipeline.plan(force=["decode_gmm"])}["decode_gmm"]

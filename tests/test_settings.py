@@ -111,8 +111,8 @@ def test_defaults_fill_the_rest_and_values_are_typed() -> None:
     (lambda: GmmConfig.from_config({"splice_opts": 3}, "align.passes.tri3"),
      "align.passes.tri3.splice_opts: unknown setting; known: acoustic_scale,"),
     (lambda: align_settings({"align": {"bogus": 1}}),
-     "align.bogus: unknown setting; known: decode, kaldi_dir, kaldi_fmllr, num_pdfs, passes, "
-     "source$"),
+     "align.bogus: unknown setting; known: decode, decode_options, kaldi_dir, kaldi_fmllr, "
+     "num_pdfs, passes, source$"),
     (lambda: align_settings({"align": {"source": "kaldy"}}),
      "align.source='kaldy': expected one of train, kaldi"),
     (lambda: align_settings({"align": {"num_pdfs": 0}}),

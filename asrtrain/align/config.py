@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asrtrain import AsrtrainError
-from asrtrain.settings import bad, check, choice, integer, opt, optional, read, text
+from asrtrain.settings import bad, check, choice, integer, mapping, opt, optional, read, text
 
 PASS_TYPES = ("deltas", "lda_mllt", "sat")
 
@@ -104,6 +104,11 @@ def _passes(key: str, value: Any) -> dict[str, dict]:
     return out
 
 
+def _options(key: str, value: Any) -> dict:
+    """A mapping of options checked where they are used (None: none)."""
+    return mapping(key, value) or {}
+
+
 @dataclass(frozen=True)
 class AlignConfig:
     """``align``: the GMM passes (``source: train``) or Kaldi's alignments (``source: kaldi``).
@@ -116,6 +121,10 @@ class AlignConfig:
     kaldi_fmllr: dict | None = None      # a Kaldi experiment's final.mat, splice_opts, trans.*
     #                                      (checked by asrtrain.decode.fmllr.check_kaldi_fmllr)
     decode: bool = True                  # decode the test sets with every pass and score
+    # the passes' decoding (decode.sh's --beam and --max-active, the acoustic scales tried,
+    # the device of the likelihoods): asrtrain.decode.GmmDecodeConfig's keys, checked by the
+    # decode_gmm stage (a layer above); kept as given
+    decode_options: dict = opt({}, _options)
     passes: dict = opt({}, _passes)      # pass name -> options (GmmConfig's, from, data)
 
     def __post_init__(self) -> None:

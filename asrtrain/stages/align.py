@@ -255,9 +255,9 @@ def check(cfg: DictConfig) -> None:
         raise AsrtrainError("align.passes is empty: give at least a mono pass")
 
 
-#: ``align``'s keys that only the stages after it read: ``decode`` (``decode_gmm``) and
-#: ``kaldi_fmllr`` (``fmllr``, ``decode_gmm``).
-LATER_KEYS = ("decode", "kaldi_fmllr")
+#: ``align``'s keys that only the stages after it read: ``decode`` and ``decode_options``
+#: (``decode_gmm``) and ``kaldi_fmllr`` (``fmllr``, ``decode_gmm``).
+LATER_KEYS = ("decode", "decode_options", "kaldi_fmllr")
 
 
 def _config(cfg: DictConfig) -> dict:

@@ -4,7 +4,9 @@
 
 It reads the passes (``align``), ``lang`` and ``lm``: an ``lm.*`` change rebuilds the graphs and
 redecodes here, and retrains no pass. When ``align.decode`` is set every pass is decoded on the
-test sets and scored; when the acoustic scale is chosen on the dev set (``score.tune_on``), the
+test sets and scored, with ``align.decode_options`` (decode.sh's ``--beam``, ``--max-active``,
+the acoustic scales tried: :class:`asrtrain.decode.GmmDecodeConfig`; a change redecodes and keeps
+the graphs); when the acoustic scale is chosen on the dev set (``score.tune_on``), the
 dev set is decoded first and its best scale is the test sets' one. Each pass's graph and decoding
 are inner steps: a run killed after ``tri2``'s decoding resumes at ``tri3``'s. Their keys name all
 they are made of (:func:`pass_keys`), so when a ``tri4`` change reruns ``align`` the other passes'
@@ -76,8 +78,8 @@ def pass_keys(ctx: StageContext) -> dict[str, tuple[str | None, str | None]]:
         model_dir = ctx.paths.align_pass(name)
         graph = _pass_key(ctx, model_dir, "graph", chain) \
             if decoded or name == chains[-1][0] else None
-        decode = _pass_key(ctx, model_dir, "decode", chain, tuning_set(cfg), tests) \
-            if decoded else None
+        decode = _pass_key(ctx, model_dir, "decode", chain, tuning_set(cfg), tests,
+                           decode_options(cfg)) if decoded else None
         out[name] = (graph, decode)
     return out
 
@@ -115,12 +117,12 @@ def _decode_pass(ctx: StageContext, name: str) -> None:
     from asrtrain.report import write_results
 
     cfg, paths = ctx.cfg, ctx.paths
-    options: dict = {}
+    options = decode_options(cfg)
     dev = tuning_set(cfg)
     if dev and len(GmmDecodeConfig.from_config(options).acoustic_scales) > 1:
         check_tuning_set(paths.mfcc_set(dev), "acoustic scale")
         best = _decode_set(ctx, name, dev, options, None)["acoustic_scale"]
-        options = {"acoustic_scales": [best]}
+        options = {**options, "acoustic_scales": [best]}
         log.info("decode_gmm %s: acoustic scale %.4f chosen on %s (held out) for %s", name, best,
                  dev, ", ".join(sets_settings(cfg).test))
     else:
@@ -170,10 +172,21 @@ def _log_first_pass(name: str, set_name: str, summary: dict) -> None:
                  final["all"]["wer"])
 
 
+def decode_options(cfg: DictConfig) -> dict:
+    """``align.decode_options`` as given, checked (:class:`asrtrain.decode.GmmDecodeConfig`:
+    types, ranges, unknown keys in one line naming ``align.decode_options.<key>``)."""
+    from asrtrain.decode import GmmDecodeConfig
+
+    options = align_settings(cfg).decode_options
+    GmmDecodeConfig.from_config(options, "align.decode_options")
+    return options
+
+
 def check(cfg: DictConfig) -> None:
     from asrtrain.stages.fmllr import check_kaldi_fmllr
 
     check_kaldi_fmllr(cfg)
+    decode_options(cfg)
     if align_settings(cfg).decode:
         from asrtrain.decode import tuning_set
 
@@ -182,13 +195,16 @@ def check(cfg: DictConfig) -> None:
 
 def _config(cfg: DictConfig) -> dict:
     """``align.decode``, the dev set the passes' acoustic scale is chosen on when it is held out
-    there (``align.tune_on``), and ``align.kaldi_fmllr`` when the test sets' fMLLR dirs come
-    from Kaldi's transforms."""
+    there (``align.tune_on``), ``align.decode_options`` when given (the decoding, and the first
+    pass of a test set's transforms when it is not decoded), and ``align.kaldi_fmllr`` when the
+    test sets' fMLLR dirs come from Kaldi's transforms."""
     from asrtrain.decode import tuning_set
 
     align = align_settings(cfg)
     decode = align.decode
     out: dict = {"align.decode": decode}
+    if options := decode_options(cfg):
+        out["align.decode_options"] = options
     if decode and (dev := tuning_set(cfg)):
         out["align.tune_on"] = dev
     if fmllr_sets(cfg) and align.kaldi_fmllr:
@@ -197,6 +213,7 @@ def _config(cfg: DictConfig) -> dict:
 
 
 STAGE = Stage("decode_gmm", run, reads=("align", "lang", "lm"), config=_config,
-              files=kaldi_fmllr_files, resumable=("align.decode", "align.tune_on"), check=check,
+              files=kaldi_fmllr_files,
+              resumable=("align.decode", "align.tune_on", "align.decode_options"), check=check,
               doc="HCLG graphs of the GMM passes, their decoding and scoring (align.decode), "
                   "the test sets' fMLLR features")

@@ -45,7 +45,7 @@ def write_fmllr_sets(ctx: StageContext, sets: list[str]) -> None:
     cfg, paths = ctx.cfg, ctx.paths
     kaldi = _kaldi(cfg)
     decode = align_settings(cfg).decode
-    how = [decode, tuning_set(cfg) if decode else None]
+    how = [decode, tuning_set(cfg) if decode else None, align_settings(cfg).decode_options]
     read = sorted((str(p), ctx.files.get(str(p))) for p in kaldi_fmllr_files(cfg))
     recipe_sets = sets_settings(cfg)
     training = (recipe_sets.train, recipe_sets.dev)
@@ -89,7 +89,7 @@ def _write_fmllr_set(ctx: StageContext, set_name: str, out: Path, kaldi: dict | 
     else:   # no decoding: the first pass and the estimation only, to get the transforms
         trans = undecoded_transforms(model_dir, model_dir / "graph", data, paths.lang,
                                      paths.lm, fmllr_options(align.passes[last]),
-                                     nj=ctx.jobs())
+                                     nj=ctx.jobs(), cfg=align.decode_options)
     write_fmllr_set(model_dir, data, out, trans)
 
 
