@@ -94,6 +94,8 @@ def test_sat_chain_decodes_in_two_passes(exp: Path) -> None:
     assert first["ref_words"] == final["ref_words"] > 0
     assert 0 <= first["wer"] < 100 and 0 <= final["wer"] < 100
     assert summary["decoding_passes"] == 3
+    # align.decode_options (recipes/tiny/small.yaml's sat_decoded) reached the search
+    assert (summary["settings"]["beam"], summary["settings"]["max_active"]) == (10, 1000)
     speakers = set(DataDir.read(exp / "data" / "eval2000_mfcc").utt2spk.values())
     trans = read_transforms(dec, 40)
     assert set(trans) == speakers
