@@ -140,6 +140,15 @@ def scale_transitions(log_trans: dict[int, np.ndarray], self_loop_scale: float =
     return scaled
 
 
+def phone_arcs(m: np.ndarray) -> list[tuple[int, int]]:
+    """The arcs ``(s, d)`` a phone's ``[n, n + 1]`` transition matrix has (a weight above
+    -inf), ``s`` then ``d`` ascending; ``d == n`` leaves the phone. The training graphs' and
+    the decoding graph's H (:func:`asrtrain.decode.graph.make_h`) are made from them."""
+    n = m.shape[0]
+    live = (m > -np.inf).tolist()
+    return [(s, d) for s in range(n) for d in range(n + 1) if live[s][d]]
+
+
 PdfOf = Callable[[int, int, int, int], int]   # (left, phone, right, pdf_class) -> pdf id
 
 
@@ -202,12 +211,10 @@ def hmm_graph(lang: Lang, pg: PhoneGraph, pdf_of: PdfOf, log_trans: dict[int, np
     inside_of: dict[int, list[tuple[int, int, int]]] = {}
     exits_of: dict[int, list[tuple[int, int]]] = {}
     for phone in {pg.arcs[arc_i].phone for arc_i, _, _ in cd_nodes}:
-        m = scaled[phone]
-        ns, off = m.shape[0], tt.offset[phone]
-        live = (m > -np.inf).tolist()
-        inside_of[phone] = [(s, d, off + s * (ns + 1) + d)
-                            for s in range(ns) for d in range(ns) if live[s][d]]
-        exits_of[phone] = [(s, off + s * (ns + 1) + ns) for s in range(ns) if live[s][ns]]
+        ns, off = scaled[phone].shape[0], tt.offset[phone]
+        arcs = phone_arcs(scaled[phone])
+        inside_of[phone] = [(s, d, off + s * (ns + 1) + d) for s, d in arcs if d < ns]
+        exits_of[phone] = [(s, off + s * (ns + 1) + ns) for s, d in arcs if d == ns]
     src, dst, trans, cost = [], [], [], []
     for c, (arc_i, left, right) in enumerate(cd_nodes):
         a = pg.arcs[arc_i]

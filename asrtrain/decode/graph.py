@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from asrtrain import STAGE_LOG_ONLY, AsrtrainError
-from asrtrain.align.graph import scale_transitions
+from asrtrain.align.graph import phone_arcs, scale_transitions
 from asrtrain.align.model import AcousticModel, Utterance, align, load_data
 from asrtrain.data.datadir import DataDir
 from asrtrain.decode import (
@@ -92,12 +92,8 @@ def make_h(model: AcousticModel, ilabels: list[list[int]], self_loop_scale: floa
     tstates: dict[tuple[int, int, int], int] = {}
     # each phone's arcs: (s, d, cost as text), d == n leaving the phone, in the order they are
     # added
-    pattern = {}
-    for phone, m in scaled.items():
-        n = m.shape[0]
-        finite = np.isfinite(m).tolist()
-        pattern[phone] = [(s, d, repr(float(-np.float32(m[s, d]))))
-                          for s in range(n) for d in range(n + 1) if finite[s][d]]
+    pattern = {phone: [(s, d, repr(float(-np.float32(m[s, d])))) for s, d in phone_arcs(m)]
+               for phone, m in scaled.items()}
     windows, disambig_out = [], []
     for olabel, window in enumerate(ilabels):
         if olabel == 0:
