@@ -45,7 +45,7 @@ def test_launch_names_the_learner_that_died(tmp_path: Path) -> None:
 def test_multi_node_settings_are_passed_to_torchrun() -> None:
     args = torchrun_args(["trainer.backend=hadpsgd"], 4, nnodes=2, node_rank=1,
                          rdzv_endpoint="node0:29500")
-    assert args[:3] == ["--nproc-per-node=4", "--max-restarts=0", "--monitor-interval=0.5"]
+    assert args[:3] == ["--nproc-per-node=4", "--max-restarts=0", "--monitor-interval=0.1"]
     assert "--nnodes=2" in args and "--node-rank=1" in args
     assert "--rdzv-endpoint=node0:29500" in args and "--rdzv-backend=static" in args
     assert args[-4:] == ["-m", "asrtrain.cli", "train", "trainer.backend=hadpsgd"]
