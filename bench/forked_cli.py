@@ -45,10 +45,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 #: What every command imports (the CLI, the stage table, torch with what training and its
-#: optimizer step load, the curves' plotting), imported once by the fork server.
+#: optimizer step load, the curves' plotting), imported once by the fork server; then what
+#: the commands imported lazily, each again (Hydra for composing the recipe, torchrun's
+#: launcher, TensorBoard's writer and reader, your own corpus's tables, soundfile: ~130 of the
+#: ~300 CPU-s a suite's forked commands spent importing), and a first compose (forked_warm).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "torchaudio",
            "matplotlib.pyplot", "asrtrain.cli", "asrtrain.stages", "asrtrain.train.trainer",
-           __name__]
+           "hydra", "hydra.compose", "hydra.initialize", "torch.distributed.run",
+           "asrtrain.distributed.launch", "asrtrain.distributed.warm", "torch.utils.tensorboard",
+           "tensorboard.backend.event_processing.event_accumulator",
+           "asrtrain.data.corpora.datadir", "soundfile", __name__, "forked_warm"]
 #: Python's own warning filters (``python -W`` none, no ``PYTHONWARNINGS``), first match first.
 DEFAULT_WARNINGS = [("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
                     ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
