@@ -58,7 +58,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import forked_cli  # bench/forked_cli.py: commands forked warm
@@ -98,6 +98,9 @@ OPTIMIZERS = {"adam": {"optimizer": "adam", "lr": 1.0e-3},
               "sgd": {"optimizer": "sgd", "lr": 0.5}}
 BASE_BATCH = 256
 
+#: The real experiment's points (:func:`real_points`), in the order they run.
+REAL_POINTS = ("batch_ssgd", "batch_adpsgd", "gap", "delay", "hier")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -121,15 +124,20 @@ class Plan:
     real_epochs: int
     real_runs: int             # real: each point this many times (its run-to-run spread)
     seeds: int                 # batch / gap / delay / hier: each training point with seeds 1..seeds
+    # real: the points run (:func:`real_points`' names); a field added later, so a result made
+    # before it was made with its default (:func:`done_before`)
+    real_points: tuple[str, ...] = REAL_POINTS
 
 
 FULL = Plan("full", 2.0, 2, (16, 64), (256, 1024, 4096, 12288), ("adam", "sgd"), "sgd", 16, 8,
             (16, 64, 128), 24, 64, 64, (4, 8), 8, 2, 2, 3)
 # The small plan (tests/test_bench_science.py): each experiment's code with the points its tests
 # read, (a) with both optimizers at one global batch (the same point as the seed test's, 4 x 16
-# chunks), no point of (a) at 8 learners (hier simulates its SSGD).
+# chunks), no point of (a) at 8 learners (hier simulates its SSGD), and the real points of the
+# three backends, AD-PSGD's with delay-by-one (the fixed ring and the undelayed AD-PSGD run as
+# real learners in tests/test_distributed.py and tests/test_e2e.py).
 SMALL = Plan("small", None, 1, (4,), (64,), ("adam", "sgd"), "sgd", 16, 4, (4, 8), 6, 8, 8,
-             (4,), 2, 1, 1, 1)
+             (4,), 2, 1, 1, 1, ("batch_ssgd", "delay", "hier"))
 PLANS = {"full": FULL, "small": SMALL}
 
 
@@ -464,17 +472,19 @@ def exp_hier(base: list[str], plan: Plan, batch: dict | None = None) -> dict:
 
 
 def real_points(plan: Plan) -> list[dict]:
-    """One point of each experiment at ``real_learners``, as real processes can run it."""
+    """One point of each experiment at ``real_learners``, as real processes can run it: those
+    of ``plan.real_points``, in :data:`REAL_POINTS`' order."""
     per_node = max(1, plan.real_learners // 2)
-    return [
-        {"experiment": "batch", "backend": "ssgd", "topology": "random_ring"},
-        {"experiment": "batch", "backend": "adpsgd", "topology": "random_ring"},
-        {"experiment": "gap", "backend": "adpsgd", "topology": "ring"},
-        {"experiment": "delay", "backend": "adpsgd", "topology": "random_ring",
-         "delay_by_one": True},
-        {"experiment": "hier", "backend": "hadpsgd", "topology": "random_ring",
-         "per_node": per_node},
-    ]
+    points = {
+        "batch_ssgd": {"experiment": "batch", "backend": "ssgd", "topology": "random_ring"},
+        "batch_adpsgd": {"experiment": "batch", "backend": "adpsgd", "topology": "random_ring"},
+        "gap": {"experiment": "gap", "backend": "adpsgd", "topology": "ring"},
+        "delay": {"experiment": "delay", "backend": "adpsgd", "topology": "random_ring",
+                  "delay_by_one": True},
+        "hier": {"experiment": "hier", "backend": "hadpsgd", "topology": "random_ring",
+                 "per_node": per_node},
+    }
+    return [points[name] for name in REAL_POINTS if name in plan.real_points]
 
 
 EPOCH_LINE = re.compile(r"epoch (\d+): train_loss [-\d.e+]+, dev_loss ([-\d.e+]+)")
@@ -1200,7 +1210,8 @@ EXPERIMENTS = {"batch": (exp_batch, plot_batch), "gap": (exp_gap, plot_gap),
 # The plan's fields an experiment never reads: a result made under a plan that differs from this
 # one only there is this plan's result. ``real`` runs each point ``real_runs`` times with one seed
 # (the trainer's default, 1: what moves between the runs is the gossip's timing).
-NOT_READ = {"real": ("seeds",)}
+NOT_READ = {"real": ("seeds",), **{name: ("real_points",)
+                                   for name in ("batch", "gap", "delay", "hier")}}
 
 
 def plan_key(plan: dict, name: str | None) -> dict:
@@ -1214,9 +1225,12 @@ def done_before(path: Path, plan: Plan, name: str | None = None) -> dict | None:
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
-    # as JSON has it: tuples are lists
+    # as JSON has it: tuples are lists; a field the result's plan lacks had its default then
+    defaults = json.loads(json.dumps({f.name: f.default for f in fields(Plan)
+                                      if f.default is not MISSING}))
     want = plan_key(json.loads(json.dumps(asdict(plan))), name)
-    return result if plan_key(result.get("plan") or {}, name) == want else None
+    return result if plan_key({**defaults, **(result.get("plan") or {})}, name) == want \
+        else None
 
 
 def load() -> float:

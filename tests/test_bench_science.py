@@ -101,7 +101,8 @@ def test_small_size_results_mean_what_they_say(small_run: Path) -> None:
     assert hier["ssgd"]["members"] == 1 and hier["ssgd"]["from"] == "hier"
     assert hier["ssgd"]["global_batch"] == plan.hier_learners * plan.per_learner
     real = json.loads((small_run / "science_real.json").read_text())["rows"]
-    assert [r["backend"] for r in real] == ["ssgd", "adpsgd", "adpsgd", "adpsgd", "hadpsgd"]
+    assert [(r["experiment"], r["backend"], r.get("delay_by_one", False)) for r in real] == [
+        ("batch", "ssgd", False), ("delay", "adpsgd", True), ("hier", "hadpsgd", False)]
     assert all(len(r["runs"]) == plan.real_runs for r in real)
     runs = [run for r in real for run in r["runs"]]
     assert all(run["real"]["frames_per_s"] > 0 and run["pace"]["step_s"] > 0 for run in runs)
