@@ -82,7 +82,10 @@ smoke: install system-deps
 # A slower host (AMD EPYC without AVX-512, 2026-11-28): 23 min 56 s at 523c88b (2,579 CPU-s
 # besides pip); with every forked training command forking its own learners' fork server and
 # the signalled, killed and multi-node runs forked warm (forked_cli.popen), 19 min 31 s at
-# faa0c71 (all passed, 2,083 CPU-s besides pip).
+# faa0c71 (all passed, 2,083 CPU-s besides pip). The same host, with the forked commands' lazy
+# imports and first compose in their fork server, the curves' PNG without tight_layout and two
+# real runs fewer in bench/science.py's small plan: 19 min 15 s (4c89a9b), 19 min 9 s (ed554fa),
+# both all passed (20 min 5 s at 1d88a97 before them; this host's run-to-run spread is ~10%).
 # 0: one process (-n 0).
 TEST_WORKERS ?= 2
 # compileall: the suite starts ~300 interpreters that import asrtrain; where the environment sets
