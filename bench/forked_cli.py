@@ -47,8 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 #: What every command imports (the CLI, the stage table, torch with what training and its
 #: optimizer step load, the curves' plotting), imported once by the fork server; then what
 #: the commands imported lazily, each again (Hydra for composing the recipe, torchrun's
-#: launcher, TensorBoard's writer and reader, your own corpus's tables, soundfile: ~130 of the
-#: ~300 CPU-s a suite's forked commands spent importing), and a first compose (forked_warm).
+#: launcher, TensorBoard's writer and reader, your own corpus's tables, soundfile: ~120 of the
+#: ~130 s a py-spy profile of the suite saw the forked commands importing), and a first compose
+#: (forked_warm).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "torchaudio",
            "matplotlib.pyplot", "asrtrain.cli", "asrtrain.stages", "asrtrain.train.trainer",
            "hydra", "hydra.compose", "hydra.initialize", "torch.distributed.run",

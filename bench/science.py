@@ -484,6 +484,10 @@ def real_points(plan: Plan) -> list[dict]:
         "hier": {"experiment": "hier", "backend": "hadpsgd", "topology": "random_ring",
                  "per_node": per_node},
     }
+    unknown = sorted(set(plan.real_points) - set(points))
+    if unknown:
+        raise SystemExit(f"bench/science.py: plan {plan.name}: no real point {unknown} "
+                         f"(the points: {', '.join(REAL_POINTS)})")
     return [points[name] for name in REAL_POINTS if name in plan.real_points]
 
 
