@@ -85,7 +85,8 @@ smoke: install system-deps
 # faa0c71 (all passed, 2,083 CPU-s besides pip). The same host, with the forked commands' lazy
 # imports and first compose in their fork server, the curves' PNG without tight_layout and two
 # real runs fewer in bench/science.py's small plan: 19 min 15 s (4c89a9b), 19 min 9 s (ed554fa),
-# both all passed (20 min 5 s at 1d88a97 before them; this host's run-to-run spread is ~10%).
+# 17 min 52 s (9a32b2a, no ../shared), all passed (20 min 5 s at 1d88a97 before them; this
+# host's run-to-run spread is ~10%).
 # 0: one process (-n 0).
 TEST_WORKERS ?= 2
 # compileall: the suite starts ~300 interpreters that import asrtrain; where the environment sets
