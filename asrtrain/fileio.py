@@ -109,7 +109,11 @@ class ArkWriter:
     def __init__(self, ark: str | os.PathLike, scp: str | os.PathLike) -> None:
         self.name = str(ark)
         self._ark = open(ark, "wb")  # noqa: SIM115 - closed by close()
-        self._scp = open(scp, "w", encoding="utf-8")  # noqa: SIM115
+        try:
+            self._scp = open(scp, "w", encoding="utf-8")  # noqa: SIM115
+        except BaseException:
+            self._ark.close()    # no writer to close it: the caller never gets one
+            raise
 
     def __call__(self, key: str, array: np.ndarray) -> None:
         import numpy as np
@@ -132,8 +136,10 @@ class ArkWriter:
     __setitem__ = __call__
 
     def close(self) -> None:
-        self._ark.close()
-        self._scp.close()
+        try:
+            self._ark.close()
+        finally:
+            self._scp.close()
 
     def __enter__(self) -> ArkWriter:
         return self

@@ -100,3 +100,22 @@ def test_the_ark_writer_writes_kaldiios_bytes(tmp_path: Path) -> None:
     back = kaldiio.load_scp(str(ours / "a.scp"))
     for key, array in entries:
         np.testing.assert_array_equal(back[key], array)
+
+
+def test_an_ark_writer_whose_scp_cannot_open_leaves_no_open_file(tmp_path: Path) -> None:
+    """The scp's folder missing: the error names it, and the ark opened first is closed (the
+    caller got no writer to close it with; a caller that keeps the error, as a log of it does,
+    keeps the half-made writer's frame, and its file would stay open until that goes)."""
+    from asrtrain.fileio import ArkWriter
+
+    def open_fds() -> set[str]:
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    ark, scp = tmp_path / "a.ark", tmp_path / "missing" / "a.scp"
+    with pytest.raises(FileNotFoundError, match="missing") as kept:
+        ArkWriter(ark, scp)
+    assert kept.tb is not None and str(ark) not in open_fds()
+    with ArkWriter(ark, tmp_path / "a.scp"):      # and a writer that opens closes both
+        assert str(ark) in open_fds()
+    assert str(ark) not in open_fds() and str(tmp_path / "a.scp") not in open_fds()
