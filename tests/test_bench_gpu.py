@@ -66,10 +66,11 @@ def test_quick_bench_without_avx512_leaves_bf16_out(tmp_path: Path) -> None:
     if not onednn_cap_breaks_bf16_lstm():
         pytest.skip("torch's bf16 LSTM runs under ONEDNN_MAX_CPU_ISA=AVX2 here: nothing to "
                     "leave out")
-    proc = quick_bench(tmp_path, env=NO_AVX512)
+    # one batch size (the other test times both): the rows left out do not depend on it
+    proc = quick_bench(tmp_path, "--chunks", "8", env=NO_AVX512)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu.json").read_text())
-    assert [(r["chunks"], r["precision"]) for r in result["rows"]] == [(8, "fp32"), (32, "fp32")]
+    assert [(r["chunks"], r["precision"]) for r in result["rows"]] == [(8, "fp32")]
     why = result["precisions_left_out"]["bf16"]
     assert list(result["precisions_left_out"]) == ["bf16"]
     assert why.startswith("this CPU (") and "ONEDNN_MAX_CPU_ISA=AVX2" in why
