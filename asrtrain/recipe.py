@@ -44,6 +44,7 @@ def _unknown_key(error: str, recipe_dir: Path, overrides: Sequence[str]) -> str 
 #: Hydra's composition of a recipe with only its config-group overrides, by recipe dir and those
 #: overrides: (the YAML files' signature then, the config). See :func:`_composed`.
 _COMPOSED: dict[tuple[Path, tuple[str, ...]], tuple[tuple, DictConfig]] = {}
+_KEPT_MAX = 32     # the oldest goes first
 
 
 def _yaml_signature(recipe_dir: Path) -> tuple:
@@ -104,6 +105,8 @@ def _composed(recipe_dir: Path, overrides: Sequence[str], hydra_compose) -> Dict
             memo = (signature, hydra_compose(group_lines))
         except Exception:  # noqa: BLE001 - the error as Hydra gives it for the whole list
             return hydra_compose(overrides)
+        while len(_COMPOSED) >= _KEPT_MAX:     # a long session of many recipe dirs
+            del _COMPOSED[next(iter(_COMPOSED))]
         _COMPOSED[recipe_dir, group_lines] = memo
     cfg = copy.deepcopy(memo[1])
     try:

@@ -85,3 +85,21 @@ def test_a_kept_composition_is_not_used_once_a_yaml_file_changes(tmp_path: Path)
     (recipe / "extra.yaml").write_text("a: 1\n")                # a new file in the recipe
     (recipe / "recipe.yaml").write_text(text)
     assert compose_recipe(recipe, ["exp_dir=z"]).nj == 2
+
+
+def test_kept_compositions_are_bounded(monkeypatch) -> None:
+    """A session that composes many recipe dirs keeps the newest few, and the result is the
+    same whether its composition was kept or dropped."""
+    from omegaconf import OmegaConf
+
+    from asrtrain import recipe as module
+
+    tiny = Path(__file__).resolve().parents[1] / "recipes" / "tiny"
+    monkeypatch.setattr(module, "_KEPT_MAX", 2)
+    module._COMPOSED.clear()
+    groups = ["model=blstm_ibm", "model=blstm_tiny", "features@hybrid.features=fbank40"]
+    first = OmegaConf.to_yaml(compose_recipe(tiny, [groups[0], "nj=5"]))
+    for g in groups[1:]:
+        compose_recipe(tiny, [g])
+    assert [key[1] for key in module._COMPOSED] == [(g,) for g in groups[1:]]
+    assert OmegaConf.to_yaml(compose_recipe(tiny, [groups[0], "nj=5"])) == first
