@@ -145,10 +145,21 @@ def test_gmm_decode_config() -> None:
     assert (c.acoustic_scales, c.beam, c.max_active) == ((1 / 12, 0.1), 13.0, 7000)
     assert GmmDecodeConfig.from_config({"acoustic_scales": [0.1], "beam": 10}).beam == 10.0
     for bad, message in (({"acoustic_scale": 0.1}, r"gmm decode.acoustic_scale: unknown setting"),
-                         ({"acoustic_scales": []}, "need at least one"),
-                         ({"acoustic_scales": [0.1, -1]}, "all positive"),
+                         ({"acoustic_scales": []}, r"gmm decode.acoustic_scales=\[\]: "
+                                                   "expected a list of at least 1"),
+                         ({"acoustic_scales": [0.1, -1]}, r"gmm decode.acoustic_scales\[1\]=-1.0: "
+                                                          "expected a number > 0"),
                          ({"max_active": "many"}, "gmm decode.max_active='many': expected an "
                                                   "integer"),
-                         ({"beam": 0}, "must be positive")):
+                         ({"max_active": 0}, "gmm decode.max_active=0: expected an integer >= 1"),
+                         ({"beam": 0}, "gmm decode.beam=0.0: expected a number > 0"),
+                         ({"self_loop_scale": -0.1}, "gmm decode.self_loop_scale=-0.1: expected "
+                                                     "a number >= 0")):
         with pytest.raises(AsrtrainError, match=message):
             GmmDecodeConfig.from_config(bad)
+    # the section a stage reads them from is named (decode_gmm: align.decode_options)
+    with pytest.raises(AsrtrainError, match=r"^align.decode_options.beam=-2.0: expected"):
+        GmmDecodeConfig.from_config({"beam": -2}, "align.decode_options")
+    # built in code (not read from a config), the checks across values still hold
+    with pytest.raises(AsrtrainError, match="need at least one"):
+        GmmDecodeConfig(acoustic_scales=())

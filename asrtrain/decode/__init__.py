@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from asrtrain import AsrtrainError
 from asrtrain.sections import sets_settings
-from asrtrain.settings import check, choice, integer, opt, read
+from asrtrain.settings import check, choice, integer, number, opt, read, sequence
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -75,14 +75,15 @@ class GmmDecodeConfig:
     kept), kaldi-decoder's FasterDecoder ``beam``/``max_active``, the transition scales of the
     alignment that times the words, and the torch device of the GMM likelihoods."""
 
-    beam: float = 13.0
-    max_active: int = 7000
-    self_loop_scale: float = 0.1
-    transition_scale: float = 1.0
+    beam: float = opt(13.0, number(0, low_open=True))
+    max_active: int = opt(7000, integer(1))
+    self_loop_scale: float = opt(0.1, number(0))
+    transition_scale: float = opt(1.0, number(0))
     device: str = "cpu"
-    acoustic_scales: tuple[float, ...] = (1 / 12, 0.1)
+    acoustic_scales: tuple[float, ...] = opt((1 / 12, 0.1),
+                                             sequence(number(0, low_open=True), least=1))
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:   # a config's values are checked by name as read (opt)
         check(bool(self.acoustic_scales) and min(self.acoustic_scales) > 0,
                f"gmm decode: acoustic_scales {list(self.acoustic_scales)}: need at least one, "
                "all positive")
