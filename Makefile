@@ -86,7 +86,11 @@ smoke: install system-deps
 # imports and first compose in their fork server, the curves' PNG without tight_layout and two
 # real runs fewer in bench/science.py's small plan: 19 min 15 s (4c89a9b), 19 min 9 s (ed554fa),
 # 17 min 52 s (9a32b2a, no ../shared), all passed (20 min 5 s at 1d88a97 before them; this
-# host's run-to-run spread is ~10%).
+# host's run-to-run spread is ~10%). 3 workers at 5d49ac2: 19 min 55 s (CPU use 98%, slower
+# than 2). With the recipe compositions kept (asrtrain/recipe.py): 18 min 50 s (27d4f8e) and
+# 20 min 34 s (8662940, no ../shared: every file slower than at 9a32b2a, those that never
+# compose too, on a disk that filled up during or just after it; 19 min 59 s at d30955a); the same two compose-heavy
+# files with and without: 161-165 vs 170 CPU-s.
 # 0: one process (-n 0).
 TEST_WORKERS ?= 2
 # compileall: the suite starts ~300 interpreters that import asrtrain; where the environment sets
