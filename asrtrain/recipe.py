@@ -96,8 +96,9 @@ def _composed(recipe_dir: Path, overrides: Sequence[str], hydra_compose) -> Dict
         key = o.key_or_group
         if o.is_sweep_override() or key.split(".")[0].split("/")[0] == "hydra":
             return hydra_compose(overrides)
-        is_group = "@" in key or o.package is not None or any(
-            (root / key.split("@")[0]).is_dir() for root in (recipe_dir, CONF_DIR))
+        # Hydra's own test (repo.group_exists): a folder of that name; a package (@) is a group's
+        is_group = o.package is not None or any((root / key).is_dir()
+                                                for root in (recipe_dir, CONF_DIR))
         (groups if is_group and not isinstance(o.value(), dict) else settings).append(o)
     keys = [o.key_or_group for o in settings]
     if any(a == b or a.startswith(b + ".") for i, a in enumerate(keys)
